@@ -1,0 +1,2 @@
+//! The `fairgate` binary: see `fairgate --help`.
+fn main() {}
