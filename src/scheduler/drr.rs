@@ -1,0 +1,297 @@
+//! Weighted deficit round robin over tenants, metered in tokens.
+//!
+//! The rules, all from `shared/design.md`:
+//! - **Visits.** quantum_i = quantum × weight_i. A visit adds the quantum once and dispatches the
+//!   tenant's heads while they fit (cost ≤ credit); it ends when the head does not fit. A visit
+//!   that runs out of pool capacity is resumed by the next dispatch, without a new quantum.
+//! - **New tenants first** (as in FQ-CoDel's new-flow list): a tenant that becomes active is
+//!   visited before the round robin resumes, so it waits for one free slot — about one service
+//!   time — not for a quantum of someone else's work, whatever their request sizes. To keep this
+//!   from being gamed, a new tenant whose queue empties stays in the round robin until its next
+//!   turn; only then is it idle again, so it gets the new-tenant turn at most once per round.
+//! - **Large requests cost O(1).** A tenant whose head needs k more quanta is parked k rounds
+//!   ahead in a calendar (round → tenants) and credited k quanta when its turn comes, exactly what
+//!   k plain visits would have added; when every active tenant is parked the round jumps straight
+//!   to the first due one. A dispatch is O(log B), B the number of distinct due rounds (≤
+//!   largest cost / smallest quantum), independent of the number of tenants.
+//! - **Debt is kept, credit is not banked.** An empty queue resets credit to min(credit, 0).
+//!   Reconciliation (refund or charge) is applied at the tenant's next visit start, never during a
+//!   visit, so a refund cannot stretch the visit in progress; a refund lifts credit to at most one
+//!   quantum, so refunds cannot be banked into a long visit, while debts are charged in full.
+//! - **Caps.** A tenant at its concurrency cap met at its turn is set aside (no quantum) and rejoins
+//!   the round robin when a permit returns, with one quantum for its next visit.
+//!
+//! Fairness bound (checked by `proptests.rs`): with exact estimates (no reconciliation) and no
+//! caps, for two tenants continuously backlogged over an interval, credit after any dispatch lies
+//! in [0, Max + Q_i) and each round adds exactly Q_i, hence
+//! |served_i/w_i − served_j/w_j| ≤ 2·Q + Max/w_i + Max/w_j, Max the largest cost, Q the base
+//! quantum (Shreedhar & Varghese's Max + 2Q, written per unit of weight).
+
+use std::collections::{BTreeMap, VecDeque};
+
+use super::arena::{Arena, Ticket};
+use super::lane::{CostOf, TenantQueue};
+use super::{TenantKey, TenantState};
+use crate::domain::Tokens;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    /// No queued work; credit ≤ 0.
+    Idle,
+    /// In the new-tenant list.
+    Fresh,
+    /// In the calendar, due at this round.
+    Parked(u64),
+    /// At its concurrency cap; out of every list until a permit returns.
+    Blocked,
+}
+
+#[derive(Debug)]
+struct DrrTenant {
+    queue: TenantQueue,
+    credit: i64,
+    /// Reconciliation not yet applied (applied at the next visit start).
+    pending: i64,
+    /// The last round whose quantum has been credited.
+    last_round: u64,
+    in_visit: bool,
+    /// Activated since its last full turn: an empty queue parks it for one round, not idle.
+    newcomer: bool,
+    /// Sequence number of its current (or last) visit.
+    visit_seq: u64,
+    state: State,
+}
+
+impl Default for DrrTenant {
+    fn default() -> Self {
+        Self {
+            queue: TenantQueue::default(),
+            credit: 0,
+            pending: 0,
+            last_round: 0,
+            in_visit: false,
+            newcomer: false,
+            visit_seq: 0,
+            state: State::Idle,
+        }
+    }
+}
+
+impl DrrTenant {
+    fn start_visit(&mut self, round: u64, quantum: i64) {
+        let rounds = round.saturating_sub(self.last_round) as i64;
+        self.credit = self.credit.saturating_add(rounds.saturating_mul(quantum));
+        if self.pending < 0 {
+            self.credit = self.credit.saturating_add(self.pending);
+        } else if self.pending > 0 {
+            self.credit = self
+                .credit
+                .max(self.credit.saturating_add(self.pending).min(quantum));
+        }
+        self.pending = 0;
+        self.last_round = round;
+        self.in_visit = true;
+    }
+
+    fn deactivate(&mut self) {
+        self.credit = self.credit.saturating_add(self.pending).min(0);
+        self.pending = 0;
+        self.in_visit = false;
+        self.newcomer = false;
+        self.state = State::Idle;
+    }
+}
+
+/// One lane's DRR state.
+#[derive(Debug)]
+pub(crate) struct Drr {
+    tenants: Vec<DrrTenant>,
+    /// Newcomers with the visit sequence number current when they arrived.
+    fresh: VecDeque<(TenantKey, u64)>,
+    /// Number of visits started so far.
+    visits: u64,
+    /// (round, tier) → tenants due. Tier 1 holds newcomers after their turn: they come after
+    /// the tenants that were already in the round robin when they arrived.
+    calendar: BTreeMap<(u64, u8), VecDeque<TenantKey>>,
+    round: u64,
+    pub queued: usize,
+}
+
+impl Default for Drr {
+    fn default() -> Self {
+        Self {
+            tenants: Vec::new(),
+            fresh: VecDeque::new(),
+            visits: 0,
+            calendar: BTreeMap::new(),
+            round: 1,
+            queued: 0,
+        }
+    }
+}
+
+impl Drr {
+    pub fn add_tenant(&mut self) {
+        self.tenants.push(DrrTenant::default());
+    }
+
+    /// Moves `round` to the calendar's first due round once the new tenants (who belong to the
+    /// current round) have had their turn. Calendar rounds are never behind `round`.
+    fn sync_round(&mut self) {
+        if !self.fresh.is_empty() {
+            return;
+        }
+        if let Some((&(r, _), _)) = self.calendar.first_key_value() {
+            self.round = self.round.max(r);
+        }
+    }
+
+    fn park(&mut self, t: TenantKey, due: u64, late: bool) {
+        self.calendar
+            .entry((due, u8::from(late)))
+            .or_default()
+            .push_back(t);
+        self.tenants[t.idx()].state = State::Parked(due);
+    }
+
+    pub fn push(&mut self, t: TenantKey, ticket: Ticket) {
+        self.queued += 1;
+        self.sync_round();
+        let round = self.round;
+        let dt = &mut self.tenants[t.idx()];
+        dt.queue.tickets.push_back(ticket);
+        dt.queue.live += 1;
+        if dt.state == State::Idle {
+            dt.state = State::Fresh;
+            dt.in_visit = false;
+            dt.newcomer = true;
+            dt.last_round = round - 1;
+            self.fresh.push_back((t, self.visits));
+        }
+    }
+
+    pub fn forget(&mut self, t: TenantKey) {
+        self.queued -= 1;
+        self.tenants[t.idx()].queue.live -= 1;
+    }
+
+    pub fn take(&mut self, t: TenantKey, ticket: Ticket) {
+        self.queued -= 1;
+        self.tenants[t.idx()].queue.take(ticket);
+    }
+
+    pub fn unblock(&mut self, t: TenantKey) {
+        self.sync_round();
+        let dt = &mut self.tenants[t.idx()];
+        if dt.state != State::Blocked {
+            return;
+        }
+        if dt.queue.live == 0 {
+            dt.deactivate();
+            return;
+        }
+        // One quantum for the next visit, none for the rounds spent at the cap.
+        let due = self.round.max(dt.last_round + 1);
+        dt.last_round = due - 1;
+        self.park(t, due, false);
+    }
+
+    pub fn adjust(&mut self, t: TenantKey, adj: i64) {
+        let dt = &mut self.tenants[t.idx()];
+        if dt.state == State::Idle {
+            dt.credit = dt.credit.saturating_add(adj).min(0);
+        } else {
+            dt.pending = dt.pending.saturating_add(adj);
+        }
+    }
+
+    pub fn credit(&self, t: TenantKey) -> i64 {
+        self.tenants[t.idx()].credit
+    }
+
+    /// Removes the tenant at the front of the current round.
+    fn pop_front(&mut self) {
+        if let Some(mut e) = self.calendar.first_entry() {
+            e.get_mut().pop_front();
+            if e.get().is_empty() {
+                e.remove();
+            }
+        }
+    }
+
+    pub fn next<T>(
+        &mut self,
+        shared: &[TenantState],
+        arena: &Arena<T>,
+        cost: &mut CostOf<'_>,
+    ) -> Option<(Ticket, Tokens)> {
+        loop {
+            if let Some(&(t, since)) = self.fresh.front() {
+                // A newcomer's turn: it goes to the head of the current round, ahead of a visit
+                // that started before it arrived (which resumes after it, without a new
+                // quantum); newcomers that were already waiting when that visit began wait for
+                // its end.
+                let visiting = self.calendar.first_key_value().and_then(|(_, b)| b.front());
+                let wait = visiting.is_some_and(|&v| {
+                    let v = &self.tenants[v.idx()];
+                    v.in_visit && v.visit_seq > since
+                });
+                if !wait {
+                    self.fresh.pop_front();
+                    let first = (self.round, 0);
+                    let key = self
+                        .calendar
+                        .first_key_value()
+                        .map_or(first, |(&k, _)| k.min(first));
+                    self.calendar.entry(key).or_default().push_front(t);
+                    self.tenants[t.idx()].state = State::Parked(self.round);
+                }
+            }
+            self.sync_round();
+            let (&(round, _), bucket) = self.calendar.first_key_value()?;
+            let t = *bucket.front().expect("empty buckets are removed");
+            debug_assert_eq!(round, self.round);
+            let quantum = shared[t.idx()].quantum.signed();
+            let dt = &mut self.tenants[t.idx()];
+            let Some(head) = dt.queue.head(arena) else {
+                let newcomer = std::mem::take(&mut dt.newcomer);
+                dt.in_visit = false;
+                self.pop_front();
+                if newcomer {
+                    // Stays in the round robin until its next turn (no second newcomer turn).
+                    self.park(t, round + 1, true);
+                } else {
+                    self.tenants[t.idx()].deactivate();
+                }
+                continue;
+            };
+            if shared[t.idx()].at_cap() {
+                dt.in_visit = false;
+                dt.newcomer = false;
+                dt.state = State::Blocked;
+                self.pop_front();
+                continue;
+            }
+            if !dt.in_visit {
+                self.visits += 1;
+                dt.visit_seq = self.visits;
+                dt.start_visit(round, quantum);
+            }
+            let c = cost(head);
+            if c.signed() <= dt.credit {
+                dt.credit -= c.signed();
+                dt.queue.tickets.pop_front();
+                dt.queue.live -= 1;
+                self.queued -= 1;
+                return Some((head, c));
+            }
+            // The head does not fit: the visit ends; come back when k more quanta cover it.
+            let need = c.signed().saturating_sub(dt.credit);
+            let k = ((need + quantum - 1) / quantum).max(1) as u64;
+            let late = std::mem::take(&mut dt.newcomer);
+            dt.in_visit = false;
+            self.pop_front();
+            self.park(t, round + k, late);
+        }
+    }
+}
