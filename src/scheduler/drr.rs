@@ -7,8 +7,9 @@
 //! - **New tenants first** (as in FQ-CoDel's new-flow list): a tenant that becomes active is
 //!   visited before the round robin resumes, so it waits for one free slot — about one service
 //!   time — not for a quantum of someone else's work, whatever their request sizes. To keep this
-//!   from being gamed, a new tenant whose queue empties stays in the round robin until its next
-//!   turn; only then is it idle again, so it gets the new-tenant turn at most once per round.
+//!   from being gamed, a tenant whose queue empties keeps its place in the round robin until its
+//!   next turn and is idle only if still empty then: a tenant that comes back within a round
+//!   (a closed-loop client, say) waits its turn like everyone else.
 //! - **Large requests cost O(1).** A tenant whose head needs k more quanta is parked k rounds
 //!   ahead in a calendar (round → tenants) and credited k quanta when its turn comes, exactly what
 //!   k plain visits would have added; when every active tenant is parked the round jumps straight
@@ -55,7 +56,7 @@ struct DrrTenant {
     /// The last round whose quantum has been credited.
     last_round: u64,
     in_visit: bool,
-    /// Activated since its last full turn: an empty queue parks it for one round, not idle.
+    /// Activated since its last full turn: its next turn comes after the round's old tenants.
     newcomer: bool,
     /// Sequence number of its current (or last) visit.
     visit_seq: u64,
@@ -205,6 +206,10 @@ impl Drr {
         }
     }
 
+    pub fn tenant_queued(&self, t: TenantKey) -> usize {
+        self.tenants[t.idx()].queue.live
+    }
+
     pub fn credit(&self, t: TenantKey) -> i64 {
         self.tenants[t.idx()].credit
     }
@@ -254,15 +259,9 @@ impl Drr {
             let quantum = shared[t.idx()].quantum.signed();
             let dt = &mut self.tenants[t.idx()];
             let Some(head) = dt.queue.head(arena) else {
-                let newcomer = std::mem::take(&mut dt.newcomer);
-                dt.in_visit = false;
+                // Still empty at its turn: idle now.
                 self.pop_front();
-                if newcomer {
-                    // Stays in the round robin until its next turn (no second newcomer turn).
-                    self.park(t, round + 1, true);
-                } else {
-                    self.tenants[t.idx()].deactivate();
-                }
+                self.tenants[t.idx()].deactivate();
                 continue;
             };
             if shared[t.idx()].at_cap() {
@@ -283,6 +282,16 @@ impl Drr {
                 dt.queue.tickets.pop_front();
                 dt.queue.live -= 1;
                 self.queued -= 1;
+                if dt.queue.live == 0 {
+                    // The queue emptied: the visit ends and credit resets (debt stays), but the
+                    // tenant keeps its place until its next turn, so coming back within a round
+                    // earns no newcomer turn.
+                    dt.credit = dt.credit.min(0);
+                    let late = std::mem::take(&mut dt.newcomer);
+                    dt.in_visit = false;
+                    self.pop_front();
+                    self.park(t, round + 1, late);
+                }
                 return Some((head, c));
             }
             // The head does not fit: the visit ends; come back when k more quanta cover it.

@@ -67,6 +67,10 @@ impl Fifo {
         }
     }
 
+    pub fn tenant_queued(&self, t: TenantKey) -> usize {
+        self.tenants[t.idx()].live
+    }
+
     pub fn unblock(&mut self, t: TenantKey, _shared: &[TenantState]) {
         let ft = &mut self.tenants[t.idx()];
         if ft.blocked {

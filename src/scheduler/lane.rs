@@ -125,6 +125,14 @@ impl Discipline {
         }
     }
 
+    /// Live requests `tenant` has queued in this lane.
+    pub fn tenant_queued(&self, tenant: TenantKey) -> usize {
+        match self {
+            Self::Drr(d) => d.tenant_queued(tenant),
+            Self::Fifo(f) => f.tenant_queued(tenant),
+        }
+    }
+
     pub fn credit(&self, tenant: TenantKey) -> i64 {
         match self {
             Self::Drr(d) => d.credit(tenant),

@@ -389,6 +389,11 @@ impl<T> Scheduler<T> {
         (t.queued, t.in_flight)
     }
 
+    /// Requests a tenant has queued in one lane.
+    pub fn lane_queued(&self, k: TenantKey, lane: Lane) -> usize {
+        self.lanes[lane.index()].tenant_queued(k)
+    }
+
     /// A tenant's current credit in a lane (negative: debt). Zero for FIFO.
     pub fn credit(&self, k: TenantKey, lane: Lane) -> i64 {
         self.lanes[lane.index()].credit(k)
