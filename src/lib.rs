@@ -7,5 +7,7 @@
 //! scheduler on a virtual clock.
 #![forbid(unsafe_code)]
 
+pub mod admission;
 pub mod domain;
 pub mod scheduler;
+pub mod sim;

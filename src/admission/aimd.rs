@@ -1,0 +1,138 @@
+//! Additive-increase / multiplicative-decrease limit on a pool's concurrency, learned from the
+//! upstream: an overload answer (429/503) cuts the limit by `decrease`, each success raises it
+//! by `1/limit` (about +1 per limit's worth of successes, i.e. per round trip at full load).
+//! Near the level where the last overload happened the increase is `PROBE_SLOWDOWN` times
+//! slower: the limiter probes gently where it already knows the wall is, so a provider with a
+//! fixed capacity sees a 429 every few dozen round trips rather than every few.
+//!
+//! Invariants: `min ≤ limit ≤ max`; at most one decrease per `cooldown` (the in-flight requests
+//! that were sent before the first 429 came back must not cut the limit again and again); a
+//! `Retry-After` from the upstream pauses dispatch until then (`paused_until`). Pure: time is an
+//! argument.
+
+use std::time::Duration;
+
+/// The learned limit of one pool.
+#[derive(Clone, Debug)]
+pub struct Aimd {
+    limit: f64,
+    min: f64,
+    max: f64,
+    decrease: f64,
+    cooldown: Duration,
+    last_decrease: Option<Duration>,
+    paused_until: Duration,
+    /// The limit at the last overload: where the wall was.
+    wall: Option<f64>,
+}
+
+/// How much slower the limit grows within 10% of the last overload level.
+const PROBE_SLOWDOWN: f64 = 16.0;
+
+impl Aimd {
+    /// Starts at `max` (the configured pool size).
+    pub fn new(max: u32) -> Self {
+        let max = f64::from(max.max(1));
+        Self {
+            limit: max,
+            min: 1.0,
+            max,
+            decrease: 0.7,
+            cooldown: Duration::from_millis(500),
+            last_decrease: None,
+            paused_until: Duration::ZERO,
+            wall: None,
+        }
+    }
+
+    /// Sets how long after one decrease further overloads are ignored (about one round trip).
+    pub fn with_cooldown(mut self, cooldown: Duration) -> Self {
+        self.cooldown = cooldown;
+        self
+    }
+
+    /// The concurrency the pool may use now.
+    pub fn limit(&self) -> u32 {
+        self.limit.floor() as u32
+    }
+
+    /// The configured ceiling.
+    pub fn max(&self) -> u32 {
+        self.max as u32
+    }
+
+    /// Changes the ceiling (config reload), clamping the current limit.
+    pub fn set_max(&mut self, max: u32) {
+        self.max = f64::from(max.max(1));
+        self.limit = self.limit.min(self.max);
+    }
+
+    /// Whether dispatch is paused by an upstream `Retry-After` at `now`.
+    pub fn paused(&self, now: Duration) -> bool {
+        now < self.paused_until
+    }
+
+    /// When the current pause ends.
+    pub fn paused_until(&self) -> Duration {
+        self.paused_until
+    }
+
+    /// A request succeeded.
+    pub fn on_success(&mut self) {
+        let near_wall = self.wall.is_some_and(|w| self.limit >= 0.9 * w);
+        let step = if near_wall {
+            1.0 / (self.limit * PROBE_SLOWDOWN)
+        } else {
+            1.0 / self.limit
+        };
+        self.limit = (self.limit + step).min(self.max);
+    }
+
+    /// The upstream answered 429/503, optionally saying when to come back.
+    pub fn on_overload(&mut self, now: Duration, retry_after: Option<Duration>) {
+        if let Some(ra) = retry_after {
+            self.paused_until = self.paused_until.max(now + ra);
+        }
+        if self
+            .last_decrease
+            .is_some_and(|t| now.saturating_sub(t) < self.cooldown)
+        {
+            return;
+        }
+        self.last_decrease = Some(now);
+        self.wall = Some(self.limit);
+        self.limit = (self.limit * self.decrease).max(self.min);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overload_cuts_once_per_cooldown_and_success_climbs_back() {
+        let mut a = Aimd::new(16);
+        a.on_overload(Duration::ZERO, None);
+        assert_eq!(a.limit(), 11);
+        a.on_overload(Duration::from_millis(100), None);
+        assert_eq!(a.limit(), 11, "same round trip");
+        a.on_overload(Duration::from_secs(1), None);
+        assert_eq!(a.limit(), 7);
+        for _ in 0..2000 {
+            a.on_success();
+        }
+        assert_eq!(a.limit(), 16);
+    }
+
+    #[test]
+    fn retry_after_pauses_and_limit_stays_in_bounds() {
+        let mut a = Aimd::new(4);
+        a.on_overload(Duration::from_secs(1), Some(Duration::from_secs(2)));
+        assert!(a.paused(Duration::from_secs(2)));
+        assert!(!a.paused(Duration::from_secs(3)));
+        for i in 0..50 {
+            a.on_overload(Duration::from_secs(10 + i), None);
+        }
+        assert_eq!(a.limit(), 1);
+    }
+}

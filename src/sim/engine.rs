@@ -1,0 +1,199 @@
+//! The simulation loop: a virtual clock (µs), arrivals and completions as events, and the very
+//! same `Scheduler` (and `Aimd` limiter) the proxy drives.
+//!
+//! Invariants: deterministic (seeded arrivals and costs, ties broken by sequence number);
+//! terminates (finite arrivals, every dispatched request completes, retries are bounded).
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::time::Duration;
+
+use super::report::{Recorder, Report};
+use super::rng::Rng;
+use super::scenario::Scenario;
+use crate::admission::aimd::Aimd;
+use crate::domain::{TenantId, Tokens, Weight};
+use crate::scheduler::{self, Class, Policy, Scheduler, Slot, TenantKey, TenantSpec};
+
+/// Attempts per request against a provider that answers 429 (the proxy's retry budget).
+const MAX_ATTEMPTS: u32 = 4;
+
+/// One simulated request.
+#[derive(Clone, Copy, Debug)]
+struct Req {
+    tenant: usize,
+    actual: u64,
+    estimate: u64,
+    arrived_us: u64,
+    attempts: u32,
+}
+
+enum Done {
+    Served(Req, Slot),
+    Overloaded(Req, Slot),
+}
+
+/// Runs `scenario` under `policy` and reports per-tenant service.
+pub fn run(scenario: &Scenario, policy: Policy) -> Report {
+    let mut rng = Rng::new(scenario.seed);
+    let pool = &scenario.pool;
+    let mut sched: Scheduler<Req> = Scheduler::new(scheduler::Config {
+        policy,
+        quantum: Tokens(pool.quantum),
+        capacity: pool.capacity,
+        max_queued: usize::MAX,
+        ..scheduler::Config::default()
+    });
+    let mut rec = Recorder::default();
+    let mut keys: Vec<TenantKey> = Vec::new();
+    let mut arrivals: Vec<(u64, Req)> = Vec::new();
+    for (group, spec) in scenario.tenants.iter().enumerate() {
+        for r in 0..spec.replicas {
+            let id = if spec.replicas > 1 {
+                format!("{}-{}", spec.id, r + 1)
+            } else {
+                spec.id.clone()
+            };
+            let tenant = keys.len();
+            keys.push(sched.upsert_tenant(
+                TenantId::new(id.clone()),
+                TenantSpec {
+                    weight: Weight::new(spec.weight).unwrap_or(Weight::ONE),
+                    max_concurrency: spec.max_concurrency,
+                    max_queued: usize::MAX,
+                },
+            ));
+            rec.add_tenant(id, group, spec.weight, spec.max_concurrency);
+            for t in spec.arrivals.times(scenario.duration_s, &mut rng) {
+                let actual = spec.cost.sample(&mut rng, 1.0).round() as u64;
+                let factor = spec
+                    .actual_over_estimate
+                    .as_ref()
+                    .map_or(1.0, |d| d.sample(&mut rng, 0.01));
+                let estimate = ((actual as f64) / factor).round().max(1.0) as u64;
+                let req = Req {
+                    tenant,
+                    actual,
+                    estimate,
+                    arrived_us: (t * 1000.0) as u64,
+                    attempts: 0,
+                };
+                arrivals.push((req.arrived_us, req));
+            }
+        }
+    }
+    arrivals.sort_by_key(|&(t, r)| (t, r.tenant));
+    let mut aimd = pool
+        .provider_capacity
+        .map(|_| Aimd::new(pool.capacity).with_cooldown(ms(pool.service_ms)));
+    let mut done: BinaryHeap<Reverse<(u64, u64)>> = BinaryHeap::new();
+    let mut pending: Vec<Option<Done>> = Vec::new();
+    let mut provider_in_flight = 0u32;
+    let mut next_arrival = 0;
+    let mut now = 0u64;
+    loop {
+        let paused_until = aimd
+            .as_ref()
+            .filter(|a| sched.queued() > 0 && a.paused(us(now)))
+            .map(|a| a.paused_until().as_micros() as u64);
+        let candidates = [
+            arrivals.get(next_arrival).map(|a| a.0),
+            done.peek().map(|d| d.0 .0),
+            paused_until,
+        ];
+        let Some(t) = candidates.into_iter().flatten().min() else {
+            break;
+        };
+        now = now.max(t);
+        while let Some(&Reverse((at, i))) = done.peek() {
+            if at > now {
+                break;
+            }
+            done.pop();
+            provider_in_flight -= 1;
+            match pending[i as usize]
+                .take()
+                .expect("each completion fires once")
+            {
+                Done::Served(req, slot) => {
+                    sched.reconcile(slot, Tokens(req.actual));
+                    sched.complete(slot);
+                    if let Some(a) = aimd.as_mut() {
+                        a.on_success();
+                    }
+                }
+                Done::Overloaded(req, slot) => {
+                    // The failed attempt stays charged to its tenant (retries are not free).
+                    sched.complete(slot);
+                    if let Some(a) = aimd.as_mut() {
+                        a.on_overload(us(now), Some(ms(pool.provider_retry_after_ms)));
+                    }
+                    if req.attempts >= MAX_ATTEMPTS {
+                        rec.client_error(req.tenant);
+                    } else {
+                        let k = keys[req.tenant];
+                        let _ = sched.enqueue(us(now), k, Class::Interactive, false, req);
+                    }
+                }
+            }
+        }
+        while let Some(&(at, req)) = arrivals.get(next_arrival) {
+            if at > now {
+                break;
+            }
+            next_arrival += 1;
+            rec.arrived(req.tenant);
+            if sched
+                .enqueue(
+                    us(req.arrived_us),
+                    keys[req.tenant],
+                    Class::Interactive,
+                    false,
+                    req,
+                )
+                .is_err()
+            {
+                rec.client_error(req.tenant);
+            }
+        }
+        if let Some(a) = aimd.as_ref() {
+            if a.paused(us(now)) {
+                continue;
+            }
+            sched.set_capacity(a.limit());
+        }
+        // Who is backlogged at this instant shares the entitlement of what it dispatches.
+        let backlog = rec.backlogged(&sched, &keys);
+        loop {
+            let Some(g) = sched.dispatch(us(now), &mut |r: &Req| Tokens(r.estimate)) else {
+                break;
+            };
+            let mut req = g.item;
+            req.attempts += 1;
+            let overloaded = pool
+                .provider_capacity
+                .is_some_and(|k| provider_in_flight >= k);
+            provider_in_flight += 1;
+            let (finish, outcome) = if overloaded {
+                rec.provider_429(req.tenant);
+                (now + 50_000, Done::Overloaded(req, g.slot))
+            } else {
+                rec.dispatched(req.tenant, now - req.arrived_us, req.actual, &backlog);
+                let service =
+                    pool.service_ms + pool.service_ms_per_1k_tokens * req.actual as f64 / 1000.0;
+                (now + (service * 1000.0) as u64, Done::Served(req, g.slot))
+            };
+            done.push(Reverse((finish, pending.len() as u64)));
+            pending.push(Some(outcome));
+        }
+    }
+    rec.report(scenario, policy, now, aimd.map(|a| a.limit()))
+}
+
+fn us(t: u64) -> Duration {
+    Duration::from_micros(t)
+}
+
+fn ms(t: f64) -> Duration {
+    Duration::from_micros((t * 1000.0) as u64)
+}

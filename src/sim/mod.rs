@@ -1,0 +1,18 @@
+//! `fairgate simulate`: a deterministic what-if run of a scenario through the real scheduler on
+//! a virtual clock. See `scenarios/` for the seven scenarios of the design.
+//!
+//! Invariant: the simulator drives `crate::scheduler::Scheduler` (and the AIMD limiter) exactly
+//! as the proxy does — enqueue, dispatch with the estimate of the moment, complete, reconcile —
+//! so what it shows is what the proxy's scheduling does, minus the network.
+
+mod engine;
+mod report;
+mod rng;
+mod scenario;
+
+pub use engine::run;
+pub use report::{jain, Report, Row};
+pub use rng::Rng;
+pub use scenario::{Scenario, ScenarioError};
+#[cfg(test)]
+mod tests;
