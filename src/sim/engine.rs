@@ -164,10 +164,7 @@ pub fn run(scenario: &Scenario, policy: Policy) -> Report {
         }
         // Who is backlogged at this instant shares the entitlement of what it dispatches.
         let backlog = rec.backlogged(&sched, &keys);
-        loop {
-            let Some(g) = sched.dispatch(us(now), &mut |r: &Req| Tokens(r.estimate)) else {
-                break;
-            };
+        while let Some(g) = sched.dispatch(us(now), &mut |r: &Req| Tokens(r.estimate)) {
             let mut req = g.item;
             req.attempts += 1;
             let overloaded = pool

@@ -237,7 +237,11 @@ impl Scenario {
         if !(self.duration_s > 0.0 && self.duration_s <= 30.0 * 86_400.0) {
             return bad("duration_s must be in (0, 30 days]".into());
         }
-        if self.pool.capacity == 0 || !(self.pool.service_ms > 0.0) || self.pool.quantum == 0 {
+        if self.pool.capacity == 0
+            || self.pool.service_ms.is_nan()
+            || self.pool.service_ms <= 0.0
+            || self.pool.quantum == 0
+        {
             return bad("pool.capacity, pool.quantum and pool.service_ms must be > 0".into());
         }
         if self.tenants.is_empty() {
