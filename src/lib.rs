@@ -9,5 +9,6 @@
 
 pub mod admission;
 pub mod domain;
+pub mod queue;
 pub mod scheduler;
 pub mod sim;

@@ -1,0 +1,223 @@
+//! [`FairQueue`]: one pool's scheduler behind a mutex, with waiters woken by oneshot grants.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use super::permit::Permit;
+use crate::domain::{TenantId, Tokens};
+use crate::scheduler::{self, Class, QueueFull, Scheduler, Slot, Ticket};
+
+/// What the cost of a queued request is computed from, at dispatch time.
+#[derive(Clone, Debug, Default)]
+pub struct CostInputs {
+    /// Input tokens (counted, or estimated from the body size).
+    pub input_tokens: u64,
+    /// The request's output cap (`max_tokens` and friends), if any.
+    pub max_output_tokens: Option<u64>,
+}
+
+/// Pool-level settings of a fair queue.
+#[derive(Clone, Debug)]
+pub struct QueueSettings {
+    /// The scheduler's configuration (policy, quantum, capacity, caps, classes).
+    pub scheduler: scheduler::Config,
+    /// Output tokens assumed when a request names no cap (until estimates are learned).
+    pub default_output_tokens: u64,
+}
+
+/// Per-tenant settings of a fair queue.
+pub type TenantSettings = scheduler::TenantSpec;
+
+/// Why a request could not be queued or granted.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum QueueError {
+    /// The tenant's own queue is full.
+    #[error("too many queued requests for this tenant; retry after {}s", retry_after.as_secs())]
+    TenantFull {
+        /// Estimated time until a queue slot frees.
+        retry_after: Duration,
+    },
+    /// The pool's queue is full.
+    #[error("the upstream pool's queue is full; retry after {}s", retry_after.as_secs())]
+    PoolFull {
+        /// Estimated time until a queue slot frees.
+        retry_after: Duration,
+    },
+    /// The tenant is not configured on this pool (config changed underneath).
+    #[error("tenant is not configured")]
+    UnknownTenant,
+}
+
+pub(super) struct Waiter {
+    pub tx: oneshot::Sender<Permit>,
+    pub cost: CostInputs,
+}
+
+pub(super) struct Inner {
+    pub sched: Scheduler<Waiter>,
+    default_output: u64,
+    /// Exponentially weighted mean time a permit is held, seconds.
+    service_s: f64,
+}
+
+/// One pool's fair queue. Cheap to share (`Arc`).
+pub struct FairQueue {
+    pub(super) inner: Mutex<Inner>,
+    epoch: Instant,
+}
+
+impl FairQueue {
+    /// A queue for one pool with these tenants.
+    pub fn new(settings: QueueSettings, tenants: &[(TenantId, TenantSettings)]) -> Arc<Self> {
+        let mut sched = Scheduler::new(settings.scheduler);
+        for (id, spec) in tenants {
+            sched.upsert_tenant(id.clone(), spec.clone());
+        }
+        Arc::new(Self {
+            inner: Mutex::new(Inner {
+                sched,
+                default_output: settings.default_output_tokens,
+                service_s: 1.0,
+            }),
+            epoch: Instant::now(),
+        })
+    }
+
+    pub(super) fn now(&self) -> Duration {
+        self.epoch.elapsed()
+    }
+
+    pub(super) fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding the lock cannot leave the scheduler half-updated in a way that
+        // matters more than refusing all traffic would, so keep serving.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Queues a request and waits for its grant. Dropping the future while queued removes the
+    /// request without charge.
+    pub async fn acquire(
+        self: &Arc<Self>,
+        tenant: &TenantId,
+        class: Class,
+        recovery: bool,
+        cost: CostInputs,
+    ) -> Result<Permit, QueueError> {
+        let (tx, rx) = oneshot::channel();
+        let (ticket, failed) = {
+            let mut inner = self.lock();
+            let key = inner
+                .sched
+                .tenant_key(tenant)
+                .ok_or(QueueError::UnknownTenant)?;
+            let ticket = inner
+                .sched
+                .enqueue(self.now(), key, class, recovery, Waiter { tx, cost })
+                .map_err(|full| inner.full_error(full))?;
+            (ticket, self.pump(&mut inner))
+        };
+        drop(failed);
+        let mut guard = CancelOnDrop {
+            queue: self,
+            ticket: Some(ticket),
+        };
+        let permit = rx
+            .await
+            .expect("a waiter's sender lives until it is granted or cancelled");
+        guard.ticket = None;
+        Ok(permit)
+    }
+
+    /// Dispatches while the pool has room. Returns permits whose waiter was gone, to be dropped
+    /// by the caller after unlocking.
+    pub(super) fn pump(self: &Arc<Self>, inner: &mut Inner) -> Vec<Permit> {
+        let mut failed = Vec::new();
+        let now = self.now();
+        let default_output = inner.default_output;
+        while let Some(g) = inner
+            .sched
+            .dispatch(now, &mut |w: &Waiter| cost_now(&w.cost, default_output))
+        {
+            let permit = Permit::new(self.clone(), g.slot, g.waited);
+            if let Err(permit) = g.item.tx.send(permit) {
+                failed.push(permit);
+            }
+        }
+        failed
+    }
+
+    /// Returns a slot (from `Permit::drop`) and dispatches what it makes room for.
+    pub(super) fn release(self: &Arc<Self>, slot: Slot, actual: Option<Tokens>, held: Duration) {
+        let failed = {
+            let mut inner = self.lock();
+            if let Some(actual) = actual {
+                inner.sched.reconcile(slot, actual);
+            }
+            inner.sched.complete(slot);
+            inner.service_s = 0.9 * inner.service_s + 0.1 * held.as_secs_f64();
+            self.pump(&mut inner)
+        };
+        drop(failed);
+    }
+
+    /// Sets the pool's effective capacity (learned from upstream overload answers).
+    pub fn set_capacity(self: &Arc<Self>, capacity: u32) {
+        let failed = {
+            let mut inner = self.lock();
+            inner.sched.set_capacity(capacity);
+            self.pump(&mut inner)
+        };
+        drop(failed);
+    }
+
+    /// (queued, in flight) in the pool.
+    pub fn load(&self) -> (usize, u32) {
+        let inner = self.lock();
+        (inner.sched.queued(), inner.sched.in_flight())
+    }
+
+    /// (queued, in flight) of one tenant in this pool.
+    pub fn tenant_load(&self, tenant: &TenantId) -> Option<(usize, u32)> {
+        let inner = self.lock();
+        let key = inner.sched.tenant_key(tenant)?;
+        Some(inner.sched.tenant_load(key))
+    }
+}
+
+impl Inner {
+    /// A queue-full error with an honest Retry-After: the time the pool needs to serve what is
+    /// queued ahead at its recent rate (queued × mean service time / capacity), at least 1 s.
+    fn full_error(&self, full: QueueFull) -> QueueError {
+        let cap = f64::from(self.sched.config().capacity.max(1));
+        let secs = (self.sched.queued() as f64 * self.service_s / cap).ceil();
+        let retry_after = Duration::from_secs(secs.clamp(1.0, 3600.0) as u64);
+        match full {
+            QueueFull::Tenant => QueueError::TenantFull { retry_after },
+            QueueFull::Pool => QueueError::PoolFull { retry_after },
+        }
+    }
+}
+
+/// The cost charged at dispatch: input + the output estimate of the moment.
+fn cost_now(c: &CostInputs, default_output: u64) -> Tokens {
+    Tokens(c.input_tokens + c.max_output_tokens.unwrap_or(default_output))
+}
+
+/// Removes a still-queued request when its waiter goes away.
+struct CancelOnDrop<'a> {
+    queue: &'a Arc<FairQueue>,
+    ticket: Option<Ticket>,
+}
+
+impl Drop for CancelOnDrop<'_> {
+    fn drop(&mut self) {
+        if let Some(ticket) = self.ticket.take() {
+            // If it was already granted, the permit sits in the dropped channel and releases
+            // itself; `cancel` then finds nothing.
+            let item = self.queue.lock().sched.cancel(ticket);
+            drop(item);
+        }
+    }
+}

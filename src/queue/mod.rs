@@ -1,0 +1,23 @@
+//! The fair queue in the request path: the imperative shell around the pure `scheduler`.
+//!
+//! One [`FairQueue`] per upstream pool. `acquire` enqueues a request with its cost inputs and
+//! waits for a grant; the grant is a [`Permit`] (tenant slot + pool slot) that lives as long as
+//! the response body ([`PermitBody`]) and is released by `Drop`.
+//!
+//! Invariants:
+//! - No lock is held across `.await`; the scheduler is only touched under a short std mutex.
+//! - Nothing leaks: a waiter dropped while queued is removed without charge; a grant that finds
+//!   its waiter gone is released at once; a dropped permit (body finished, client gone, upstream
+//!   aborted, future cancelled) returns its slot exactly once and dispatches the next request.
+//! - Permits dropped inside the lock's scope are never released there (that would re-enter the
+//!   mutex): they are collected and dropped after unlocking.
+
+mod body;
+mod fair;
+mod permit;
+
+pub use body::PermitBody;
+pub use fair::{CostInputs, FairQueue, QueueError, QueueSettings, TenantSettings};
+pub use permit::Permit;
+#[cfg(test)]
+mod tests;
