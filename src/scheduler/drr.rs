@@ -114,6 +114,8 @@ pub(crate) struct Drr {
     /// (round, tier) → tenants due. Tier 1 holds newcomers after their turn: they come after
     /// the tenants that were already in the round robin when they arrived.
     calendar: BTreeMap<(u64, u8), VecDeque<TenantKey>>,
+    /// Emptied buckets kept for reuse, so a round's turnover allocates nothing.
+    spare: Vec<VecDeque<TenantKey>>,
     round: u64,
     pub queued: usize,
 }
@@ -125,6 +127,7 @@ impl Default for Drr {
             fresh: VecDeque::new(),
             visits: 0,
             calendar: BTreeMap::new(),
+            spare: Vec::new(),
             round: 1,
             queued: 0,
         }
@@ -148,9 +151,10 @@ impl Drr {
     }
 
     fn park(&mut self, t: TenantKey, due: u64, late: bool) {
+        let spare = &mut self.spare;
         self.calendar
             .entry((due, u8::from(late)))
-            .or_default()
+            .or_insert_with(|| spare.pop().unwrap_or_default())
             .push_back(t);
         self.tenants[t.idx()].state = State::Parked(due);
     }
@@ -219,7 +223,7 @@ impl Drr {
         if let Some(mut e) = self.calendar.first_entry() {
             e.get_mut().pop_front();
             if e.get().is_empty() {
-                e.remove();
+                self.spare.push(e.remove());
             }
         }
     }
@@ -248,7 +252,11 @@ impl Drr {
                         .calendar
                         .first_key_value()
                         .map_or(first, |(&k, _)| k.min(first));
-                    self.calendar.entry(key).or_default().push_front(t);
+                    let spare = &mut self.spare;
+                    self.calendar
+                        .entry(key)
+                        .or_insert_with(|| spare.pop().unwrap_or_default())
+                        .push_front(t);
                     self.tenants[t.idx()].state = State::Parked(self.round);
                 }
             }
