@@ -247,3 +247,65 @@ async fn graceful_shutdown_drains_an_open_stream() {
         .unwrap();
     assert_eq!(mock.stats.completed(), 1);
 }
+
+#[tokio::test]
+async fn h2c_prior_knowledge_is_served() {
+    let (mock, proxy) = pair().await;
+    let h2 = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .http2_only(true)
+        .build_http::<http_body_util::Full<Bytes>>();
+    let req = post(
+        proxy.addr,
+        "/v1/chat/completions",
+        Some(KEY_A),
+        &chat("gpt-4o"),
+        &[],
+    );
+    let res = tokio::time::timeout(Duration::from_secs(10), h2.request(req))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(res.version(), http::Version::HTTP_2);
+    assert_eq!(res.status(), 200);
+    assert!(res.headers().contains_key("x-fairgate-queue-ms"));
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    assert!(serde_json::from_slice::<serde_json::Value>(&body).unwrap()["choices"].is_array());
+    assert_eq!(mock.stats.completed(), 1);
+}
+
+#[tokio::test]
+async fn missing_tls_files_stop_startup_naming_the_key() {
+    let toml = format!(
+        "{}\n[server.tls]\ncert = \"/nonexistent/cert.pem\"\nkey = \"/nonexistent/key.pem\"\n",
+        config("http://127.0.0.1:9/v1", "", "", "")
+    );
+    let config = fairgate::config::Config::from_toml_str(&toml).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let e = fairgate::server::start(config, listener).await.unwrap_err();
+    assert!(e.to_string().starts_with("server.tls.cert"), "{e}");
+}
+
+#[tokio::test]
+async fn silent_upstream_stream_is_cut_after_idle_timeout() {
+    let mock = mock().await;
+    let toml = config(&mock.base_url(), "", "idle_timeout_ms = 100", "");
+    let proxy = proxy(&toml).await;
+    let h = [
+        ("x-mock-output-tokens", "5"),
+        ("x-mock-token-delay-ms", "5000"),
+    ];
+    let req = post(
+        proxy.addr,
+        "/v1/chat/completions",
+        Some(KEY_A),
+        &stream_body(),
+        &h,
+    );
+    let res = client().request(req).await.unwrap();
+    assert_eq!(res.status(), 200);
+    let collected = tokio::time::timeout(Duration::from_secs(10), res.into_body().collect())
+        .await
+        .expect("the proxy cuts the stream instead of waiting");
+    assert!(collected.is_err(), "a cut stream must not look complete");
+    assert!(eventually(|| mock.stats.in_flight() == 0).await);
+}
