@@ -24,14 +24,26 @@ pub struct Layer;
 impl<S> tower::Layer<S> for Layer {
     type Service = Service<S>;
     fn layer(&self, inner: S) -> Service<S> {
-        Service { inner }
+        Service {
+            inner,
+            not_ready: None,
+        }
     }
 }
 
 /// Tower service of the edge.
-#[derive(Clone)]
 pub struct Service<S> {
     inner: S,
+    not_ready: Option<crate::Error>,
+}
+
+impl<S: Clone> Clone for Service<S> {
+    fn clone(&self) -> Self {
+        Service {
+            inner: self.inner.clone(),
+            not_ready: None,
+        }
+    }
 }
 
 impl<S, R> tower::Service<R> for Service<S>
@@ -43,12 +55,12 @@ where
     type Future = EdgeFuture<S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        // Inner readiness errors are rendered by `call`'s future instead; readiness is the
-        // inner's, and the stages below are always ready or report readiness via the future.
+        // A readiness error of the stack below is kept and rendered as the next call's
+        // response (without calling the inner service), so the edge itself never fails.
         match self.inner.poll_ready(cx) {
             Poll::Ready(Ok(())) => Poll::Ready(Ok(())),
             Poll::Ready(Err(e)) => {
-                tracing::error!(error = %e, "service not ready");
+                self.not_ready = Some(e);
                 Poll::Ready(Ok(()))
             }
             Poll::Pending => Poll::Pending,
@@ -56,6 +68,9 @@ where
     }
 
     fn call(&mut self, req: R) -> Self::Future {
+        if let Some(e) = self.not_ready.take() {
+            return EdgeFuture::Failed { error: Some(e) };
+        }
         match std::panic::catch_unwind(AssertUnwindSafe(|| self.inner.call(req))) {
             Ok(fut) => EdgeFuture::Running {
                 fut: AssertUnwindSafe(fut).catch_unwind(),
@@ -73,6 +88,8 @@ pin_project_lite::pin_project! {
         Running { #[pin] fut: CatchUnwind<AssertUnwindSafe<F>> },
         /// `call` itself panicked.
         Panicked,
+        /// The inner service reported a readiness error.
+        Failed { error: Option<crate::Error> },
     }
 }
 
@@ -106,6 +123,12 @@ where
         match self.project() {
             EdgeProj::Running { fut } => fut.poll(cx).map(|r| Ok(finish(r))),
             EdgeProj::Panicked => Poll::Ready(Ok(finish(Err(Box::new("panic"))))),
+            EdgeProj::Failed { error } => {
+                let e = error
+                    .take()
+                    .unwrap_or(crate::Error::Internal("polled after completion"));
+                Poll::Ready(Ok(finish(Ok(Err(e)))))
+            }
         }
     }
 }

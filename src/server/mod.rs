@@ -252,3 +252,57 @@ async fn shutdown_signal() {
         let _ = tokio::signal::ctrl_c().await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use http_body_util::Full;
+    use tower::ServiceExt;
+
+    fn state() -> State {
+        let config = Config::from_toml_str(
+            "[[upstreams]]\nname = \"u\"\nbase_url = \"http://127.0.0.1:9/v1\"\nmodels = [\"m\"]\n\
+             [[tenants]]\nid = \"a\"\napi_keys = [\"k\"]\n",
+        )
+        .unwrap();
+        State::new(config).unwrap()
+    }
+
+    async fn status(state: &State, req: Request<Full<Bytes>>) -> u16 {
+        let res = stack(state).oneshot(req).await.unwrap();
+        assert!(res.headers().contains_key(upstream::QUEUE_MS_HEADER));
+        res.status().as_u16()
+    }
+
+    #[tokio::test]
+    async fn stack_order_health_then_tenant_then_body_then_route() {
+        let s = state();
+        let get = |p: &str| Request::get(p).body(Full::default()).unwrap();
+        // Health answers before authentication; readiness follows the flag.
+        assert_eq!(status(&s, get("/healthz")).await, 200);
+        assert_eq!(status(&s, get("/readyz")).await, 503);
+        s.ready.store(true, Ordering::Release);
+        assert_eq!(status(&s, get("/readyz")).await, 200);
+        // Authentication comes before path handling: unknown paths without a key are 401.
+        assert_eq!(status(&s, get("/v1/nope")).await, 401);
+        let authed = |b: http::request::Builder| b.header("authorization", "Bearer k");
+        let req = authed(Request::get("/v1/nope"))
+            .body(Full::default())
+            .unwrap();
+        assert_eq!(status(&s, req).await, 404);
+        let req = authed(Request::get("/v1/models"))
+            .body(Full::default())
+            .unwrap();
+        assert_eq!(status(&s, req).await, 200);
+        let req = authed(Request::post("/v1/chat/completions"))
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from_static(b"{\"model\":\"other\"}")))
+            .unwrap();
+        assert_eq!(status(&s, req).await, 404);
+        let req = authed(Request::get("/v1/chat/completions"))
+            .body(Full::default())
+            .unwrap();
+        assert_eq!(status(&s, req).await, 405);
+    }
+}
