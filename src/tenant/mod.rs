@@ -7,16 +7,16 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
-use futures_util::future::{ready, Either, Ready};
-use http::{header, HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode};
+use http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
 use sha2::{Digest, Sha256};
 
 use crate::config::{Config, ConfigError};
 use crate::domain::{Class, TenantId, Weight};
 use crate::error::ApiError;
-use crate::response::ResponseBody;
+
+mod service;
+pub use service::{Layer, Service};
 
 /// Request header choosing the class of one request: `interactive` or `batch`.
 pub const PRIORITY_HEADER: &str = "x-fairgate-priority";
@@ -220,50 +220,6 @@ pub fn bearer(key: &str) -> Option<HeaderValue> {
     let mut v = HeaderValue::try_from(format!("Bearer {key}")).ok()?;
     v.set_sensitive(true);
     Some(v)
-}
-
-/// Tower layer of the tenant stage; holds only an `Arc` to the directory.
-#[derive(Clone)]
-pub struct Layer(pub Arc<Directory>);
-
-impl<S> tower::Layer<S> for Layer {
-    type Service = Service<S>;
-    fn layer(&self, inner: S) -> Service<S> {
-        Service {
-            dir: self.0.clone(),
-            inner,
-        }
-    }
-}
-
-/// Tower service of the tenant stage.
-#[derive(Clone)]
-pub struct Service<S> {
-    dir: Arc<Directory>,
-    inner: S,
-}
-
-impl<S, B> tower::Service<Request<B>> for Service<S>
-where
-    S: tower::Service<Request<B>, Response = Response<ResponseBody>, Error = crate::Error>,
-{
-    type Response = Response<ResponseBody>;
-    type Error = crate::Error;
-    type Future = Either<Ready<Result<Self::Response, crate::Error>>, S::Future>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), crate::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, mut req: Request<B>) -> Self::Future {
-        match self.dir.identify(req.headers()) {
-            Ok(identity) => {
-                req.extensions_mut().insert(identity);
-                Either::Right(self.inner.call(req))
-            }
-            Err(e) => Either::Left(ready(Err(e.into()))),
-        }
-    }
 }
 
 #[cfg(test)]
