@@ -8,3 +8,4 @@
 #![forbid(unsafe_code)]
 
 pub mod domain;
+pub mod mock;
