@@ -32,20 +32,22 @@ pub fn serve(path: &Path) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
+    block_on(crate::server::run(config))
+}
+
+/// Runs `fut` on a fresh multi-thread runtime; an error is printed and exits 1.
+pub fn block_on<E: std::fmt::Display>(
+    fut: impl std::future::Future<Output = Result<(), E>>,
+) -> ExitCode {
+    let result = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(crate::server::run(config)) {
+        .map_err(|e| e.to_string())
+        .and_then(|rt| rt.block_on(fut).map_err(|e| e.to_string()));
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e}");
+            eprintln!("fairgate: {e}");
             ExitCode::FAILURE
         }
     }

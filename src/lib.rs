@@ -14,6 +14,7 @@ pub mod domain;
 pub mod edge;
 pub mod error;
 pub mod health;
+pub mod mock;
 pub mod response;
 pub mod route;
 pub mod server;

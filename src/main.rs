@@ -1,22 +1,20 @@
-//! The `fairgate` binary: see `fairgate --help`.
+//! The `fairgate` binary: see `fairgate --help`. A thin dispatcher: one match, one arm per
+//! subcommand, the work lives in the library.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-#[derive(Parser)]
-#[command(
-    name = "fairgate",
-    version,
-    about = "Fair multi-tenant proxy for OpenAI-compatible APIs"
-)]
+/// A reverse proxy for OpenAI-compatible LLM APIs that keeps many tenants fair.
+#[derive(Debug, Parser)]
+#[command(name = "fairgate", version, about)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
 }
 
-#[derive(Subcommand)]
+#[derive(Debug, Subcommand)]
 enum Command {
     /// Run the proxy.
     Serve {
@@ -30,6 +28,8 @@ enum Command {
         #[arg(long, default_value = "config.toml")]
         config: PathBuf,
     },
+    /// Run the bundled OpenAI-compatible mock upstream.
+    MockUpstream(fairgate::mock::MockArgs),
 }
 
 fn init_tracing() {
@@ -46,5 +46,6 @@ fn main() -> ExitCode {
             fairgate::cli::serve(&config)
         }
         Command::Check { config } => fairgate::cli::check(&config),
+        Command::MockUpstream(args) => fairgate::cli::block_on(fairgate::mock::run_cli(args)),
     }
 }
