@@ -83,3 +83,27 @@ impl Default for Weight {
         Self::ONE
     }
 }
+
+/// A request's service class within a pool.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Class {
+    /// Someone is waiting on the answer.
+    #[default]
+    Interactive,
+    /// Throughput work that may wait.
+    Batch,
+}
+
+impl Class {
+    /// Parses `interactive` / `batch` (ASCII case-insensitive).
+    pub fn parse(s: &str) -> Option<Self> {
+        if s.eq_ignore_ascii_case("interactive") {
+            Some(Class::Interactive)
+        } else if s.eq_ignore_ascii_case("batch") {
+            Some(Class::Batch)
+        } else {
+            None
+        }
+    }
+}

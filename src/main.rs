@@ -1,2 +1,51 @@
-//! The `fairgate` binary: see `fairgate --help`.
-fn main() {}
+//! The `fairgate` binary: see `fairgate --help`. A thin dispatcher: one match, one arm per
+//! subcommand, the work lives in the library.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// A reverse proxy for OpenAI-compatible LLM APIs that keeps many tenants fair.
+#[derive(Debug, Parser)]
+#[command(name = "fairgate", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the proxy.
+    Serve {
+        /// Configuration file.
+        #[arg(long, default_value = "config.toml")]
+        config: PathBuf,
+    },
+    /// Validate a configuration file.
+    Check {
+        /// Configuration file.
+        #[arg(long, default_value = "config.toml")]
+        config: PathBuf,
+    },
+    /// Run the bundled OpenAI-compatible mock upstream.
+    MockUpstream(fairgate::mock::MockArgs),
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("FAIRGATE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt().with_env_filter(filter).init();
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Serve { config } => {
+            init_tracing();
+            fairgate::cli::serve(&config)
+        }
+        Command::Check { config } => fairgate::cli::check(&config),
+        Command::MockUpstream(args) => fairgate::cli::block_on(fairgate::mock::run_cli(args)),
+    }
+}

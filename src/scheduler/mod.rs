@@ -44,14 +44,7 @@ pub enum Policy {
     Fifo,
 }
 
-/// Priority class of a request. Fairness between tenants holds inside each class.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Class {
-    /// The default class.
-    Interactive,
-    /// Throughput work, weighted lower; ages into interactive after `batch_max_wait`.
-    Batch,
-}
+pub use crate::domain::Class;
 
 /// The internal lane a queued request sits in: the two classes plus recovery traffic, which has
 /// strict priority and may use the reserved slots.

@@ -1,0 +1,251 @@
+//! Body stage: reads the request body once into `Bytes`, bounded by `[server] max_body_bytes`,
+//! and parses JSON endpoints once into [`Parsed`] (model, stream, usage, max tokens).
+//!
+//! Invariants: a `Content-Length` over the cap is rejected (413) before any byte is read; a body
+//! growing over the cap while read is rejected at the cap; JSON endpoints require
+//! `application/json` (415), valid JSON (400) and a string `model` (400); the bytes are kept as
+//! received and the request continues as `Request<Bytes>` — later stages never re-read or
+//! re-serialize it.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{header, Method, Request, Response, StatusCode};
+use http_body::Body;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+
+use crate::error::ApiError;
+use crate::response::{BoxError, ResponseBody};
+
+/// The parsed JSON request of a JSON endpoint, inserted into request extensions.
+#[derive(Debug, Clone)]
+pub struct Parsed {
+    /// The requested model.
+    pub model: String,
+    /// `stream: true`.
+    pub stream: bool,
+    /// `stream_options.include_usage: true`.
+    pub include_usage: bool,
+    /// `max_tokens`, `max_completion_tokens` or `max_output_tokens`.
+    pub max_tokens: Option<u64>,
+    /// The whole document.
+    pub value: serde_json::Value,
+}
+
+/// Body stage errors.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The body is larger than the configured cap.
+    #[error("request body is larger than {0} bytes")]
+    TooLarge(usize),
+    /// A JSON endpoint got another content type.
+    #[error("content-type must be application/json")]
+    UnsupportedMediaType,
+    /// The body is not valid JSON.
+    #[error("request body is not valid JSON: {0}")]
+    InvalidJson(serde_json::Error),
+    /// The body is JSON but not an object.
+    #[error("request body must be a JSON object")]
+    NotAnObject,
+    /// `model` is missing or not a string.
+    #[error("you must provide a model parameter (a string)")]
+    MissingModel,
+    /// The client stopped sending the body.
+    #[error("failed to read request body")]
+    Read,
+}
+
+impl ApiError for Error {
+    fn status(&self) -> StatusCode {
+        match self {
+            Error::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            Error::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            _ => StatusCode::BAD_REQUEST,
+        }
+    }
+    fn kind(&self) -> &'static str {
+        "invalid_request_error"
+    }
+    fn code(&self) -> &'static str {
+        match self {
+            Error::TooLarge(_) => "request_too_large",
+            Error::UnsupportedMediaType => "unsupported_media_type",
+            Error::InvalidJson(_) | Error::NotAnObject => "invalid_json",
+            Error::MissingModel => "missing_model",
+            Error::Read => "invalid_body",
+        }
+    }
+}
+
+/// Whether `POST path` is a JSON endpoint with a `model`.
+pub fn is_json_endpoint(method: &Method, path: &str) -> bool {
+    method == Method::POST
+        && matches!(
+            path,
+            "/v1/chat/completions" | "/v1/completions" | "/v1/embeddings" | "/v1/responses"
+        )
+}
+
+fn is_json(headers: &http::HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|mime| mime.trim().eq_ignore_ascii_case("application/json"))
+}
+
+/// Parses a JSON request body once.
+pub fn parse(bytes: &[u8]) -> Result<Parsed, Error> {
+    let value: serde_json::Value = serde_json::from_slice(bytes).map_err(Error::InvalidJson)?;
+    let obj = value.as_object().ok_or(Error::NotAnObject)?;
+    let model = obj
+        .get("model")
+        .and_then(|m| m.as_str())
+        .ok_or(Error::MissingModel)?
+        .to_owned();
+    let stream = obj.get("stream").and_then(|s| s.as_bool()).unwrap_or(false);
+    let include_usage = obj
+        .get("stream_options")
+        .and_then(|o| o.get("include_usage"))
+        .and_then(|u| u.as_bool())
+        .unwrap_or(false);
+    let max_tokens = ["max_tokens", "max_completion_tokens", "max_output_tokens"]
+        .iter()
+        .find_map(|k| obj.get(*k).and_then(|v| v.as_u64()));
+    Ok(Parsed {
+        model,
+        stream,
+        include_usage,
+        max_tokens,
+        value,
+    })
+}
+
+/// Reads a body up to `max` bytes.
+pub async fn read<B>(headers: &http::HeaderMap, body: B, max: usize) -> Result<Bytes, Error>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > max as u64) {
+        return Err(Error::TooLarge(max));
+    }
+    match Limited::new(body, max).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.is::<LengthLimitError>() => Err(Error::TooLarge(max)),
+        Err(_) => Err(Error::Read),
+    }
+}
+
+/// Tower layer of the body stage.
+#[derive(Clone, Copy)]
+pub struct Layer {
+    /// `[server] max_body_bytes`.
+    pub max_body_bytes: usize,
+}
+
+impl<S> tower::Layer<S> for Layer {
+    type Service = Service<S>;
+    fn layer(&self, inner: S) -> Service<S> {
+        Service {
+            max: self.max_body_bytes,
+            inner,
+        }
+    }
+}
+
+/// Tower service of the body stage: `Request<B>` in, `Request<Bytes>` to the inner service.
+#[derive(Clone)]
+pub struct Service<S> {
+    max: usize,
+    inner: S,
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+impl<S, B> tower::Service<Request<B>> for Service<S>
+where
+    S: tower::Service<Request<Bytes>, Response = Response<ResponseBody>, Error = crate::Error>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    type Response = Response<ResponseBody>;
+    type Error = crate::Error;
+    type Future = BoxFuture<Result<Response<ResponseBody>, crate::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), crate::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let max = self.max;
+        Box::pin(async move {
+            let (mut parts, body) = req.into_parts();
+            let json = is_json_endpoint(&parts.method, parts.uri.path());
+            if json && !is_json(&parts.headers) {
+                return Err(Error::UnsupportedMediaType.into());
+            }
+            let bytes = read(&parts.headers, body, max).await?;
+            if json {
+                parts.extensions.insert(parse(&bytes)?);
+            }
+            inner.call(Request::from_parts(parts, bytes)).await
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::Full;
+
+    #[test]
+    fn parses_fields_once() {
+        let p = parse(br#"{"model":"m","stream":true,"stream_options":{"include_usage":true},"max_completion_tokens":7}"#).unwrap();
+        assert_eq!(p.model, "m");
+        assert!(p.stream && p.include_usage);
+        assert_eq!(p.max_tokens, Some(7));
+        assert!(matches!(parse(b"{\"model\":1}"), Err(Error::MissingModel)));
+        assert!(matches!(parse(b"[1]"), Err(Error::NotAnObject)));
+        assert!(matches!(parse(b"{nope"), Err(Error::InvalidJson(_))));
+    }
+
+    #[tokio::test]
+    async fn reads_within_limit_and_rejects_over() {
+        let h = http::HeaderMap::new();
+        let ok = read(&h, Full::new(Bytes::from_static(b"12345")), 5)
+            .await
+            .unwrap();
+        assert_eq!(&ok[..], b"12345");
+        let over = read(&h, Full::new(Bytes::from_static(b"123456")), 5).await;
+        assert!(matches!(over, Err(Error::TooLarge(5))));
+        let mut h = http::HeaderMap::new();
+        h.insert(header::CONTENT_LENGTH, "6".parse().unwrap());
+        let declared = read(&h, Full::new(Bytes::new()), 5).await;
+        assert!(matches!(declared, Err(Error::TooLarge(5))));
+    }
+
+    #[test]
+    fn content_type_with_parameters_is_json() {
+        let mut h = http::HeaderMap::new();
+        h.insert(
+            header::CONTENT_TYPE,
+            "Application/JSON; charset=utf-8".parse().unwrap(),
+        );
+        assert!(is_json(&h));
+        h.insert(header::CONTENT_TYPE, "text/plain".parse().unwrap());
+        assert!(!is_json(&h));
+    }
+}

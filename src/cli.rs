@@ -1,0 +1,54 @@
+//! The subcommands behind `src/main.rs`, kept in the library so they are testable.
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use crate::config::Config;
+
+/// `fairgate check`: prints `ok: N tenants, M upstreams` (plus warnings such as unset env
+/// variables) and exits 0, or prints the error naming the key path and exits 1.
+pub fn check(path: &Path) -> ExitCode {
+    match crate::config::check(path) {
+        Ok((summary, warnings)) => {
+            for w in warnings {
+                eprintln!("{w}");
+            }
+            println!("{summary}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `fairgate serve`: loads the config, runs the server until SIGTERM/SIGINT.
+pub fn serve(path: &Path) -> ExitCode {
+    let config = match Config::load(path) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    block_on(crate::server::run(config))
+}
+
+/// Runs `fut` on a fresh multi-thread runtime; an error is printed and exits 1.
+pub fn block_on<E: std::fmt::Display>(
+    fut: impl std::future::Future<Output = Result<(), E>>,
+) -> ExitCode {
+    let result = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())
+        .and_then(|rt| rt.block_on(fut).map_err(|e| e.to_string()));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("fairgate: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

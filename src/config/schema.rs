@@ -1,0 +1,260 @@
+//! The configuration schema: every table and key of `config.toml`, with its default.
+//!
+//! Invariant: every struct rejects unknown keys; defaults here match the comments in the
+//! reference `config.toml`.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+use crate::domain::{Class, Weight};
+
+/// The whole configuration file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// `[server]`: listener and request limits.
+    #[serde(default)]
+    pub server: ServerConfig,
+    /// `[scheduler]`: fair-queue policy and caps.
+    #[serde(default)]
+    pub scheduler: SchedulerConfig,
+    /// `[[upstreams]]`: provider pools, tried in order for model routing.
+    pub upstreams: Vec<UpstreamConfig>,
+    /// `[plans.NAME]`: shared tenant settings.
+    #[serde(default)]
+    pub plans: BTreeMap<String, PlanConfig>,
+    /// `[[tenants]]`.
+    #[serde(default)]
+    pub tenants: Vec<TenantConfig>,
+}
+
+/// `[server]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// Listen address.
+    pub listen: SocketAddr,
+    /// Sidecar mode: a trusted header naming the tenant id.
+    pub tenant_header: Option<String>,
+    /// Request body cap in bytes.
+    pub max_body_bytes: usize,
+    /// Drain time on shutdown, milliseconds.
+    pub shutdown_grace_ms: u64,
+    /// Optional inbound TLS.
+    pub tls: Option<TlsConfig>,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            tenant_header: None,
+            max_body_bytes: 8 * 1024 * 1024,
+            shutdown_grace_ms: 30_000,
+            tls: None,
+        }
+    }
+}
+
+/// `[server.tls]`: PEM files.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// Certificate chain (PEM).
+    pub cert: PathBuf,
+    /// Private key (PEM).
+    pub key: PathBuf,
+}
+
+/// Scheduling policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Policy {
+    /// Weighted deficit round robin in tokens.
+    #[default]
+    Drr,
+    /// First come first served (for comparison).
+    Fifo,
+}
+
+/// `[scheduler]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SchedulerConfig {
+    /// `drr` or `fifo`.
+    pub policy: Policy,
+    /// Tokens per DRR visit at weight 1.
+    pub quantum: u64,
+    /// Pool-wide queued request cap (per upstream pool).
+    pub max_queued: usize,
+    /// Default per-tenant queued request cap.
+    pub max_queued_per_tenant: usize,
+    /// Pool slots kept for recovery keys.
+    pub reserved_slots: usize,
+    /// A batch request waiting longer than this ages into interactive.
+    pub batch_max_wait_ms: u64,
+    /// Class shares within a pool.
+    pub classes: ClassShares,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        Self {
+            policy: Policy::Drr,
+            quantum: 4096,
+            max_queued: 10_000,
+            max_queued_per_tenant: 1000,
+            reserved_slots: 0,
+            batch_max_wait_ms: 30_000,
+            classes: ClassShares::default(),
+        }
+    }
+}
+
+/// `[scheduler.classes]`: relative shares of the two classes.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClassShares {
+    /// Share of interactive traffic.
+    pub interactive: u32,
+    /// Share of batch traffic.
+    pub batch: u32,
+}
+
+impl Default for ClassShares {
+    fn default() -> Self {
+        Self {
+            interactive: 8,
+            batch: 1,
+        }
+    }
+}
+
+/// `[[upstreams]]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamConfig {
+    /// Unique name.
+    pub name: String,
+    /// `http(s)://host[:port]/prefix`; `/v1/X` goes to `base_url + /X`.
+    pub base_url: String,
+    /// Env var holding the provider key.
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+    /// Pool size shared by all tenants.
+    #[serde(default = "default_upstream_concurrency")]
+    pub max_concurrency: usize,
+    /// Model glob patterns (`*`, `?`).
+    #[serde(default = "default_models")]
+    pub models: Vec<String>,
+    /// TCP connect timeout, ms.
+    #[serde(default = "default_connect_timeout")]
+    pub connect_timeout_ms: u64,
+    /// Time to the response head, ms.
+    #[serde(default = "default_first_byte_timeout")]
+    pub first_byte_timeout_ms: u64,
+    /// Max gap between body chunks, ms.
+    #[serde(default = "default_idle_timeout")]
+    pub idle_timeout_ms: u64,
+}
+
+fn default_upstream_concurrency() -> usize {
+    64
+}
+fn default_models() -> Vec<String> {
+    vec!["*".to_owned()]
+}
+fn default_connect_timeout() -> u64 {
+    5_000
+}
+fn default_first_byte_timeout() -> u64 {
+    120_000
+}
+fn default_idle_timeout() -> u64 {
+    60_000
+}
+
+/// `[plans.NAME]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlanConfig {
+    /// Share weight.
+    #[serde(default = "one")]
+    pub weight: f64,
+    /// Per-tenant concurrency cap.
+    #[serde(default)]
+    pub max_concurrency: Option<usize>,
+    /// Per-tenant queued cap.
+    #[serde(default)]
+    pub max_queued: Option<usize>,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+/// `[[tenants]]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantConfig {
+    /// Unique tenant id.
+    pub id: String,
+    /// Plaintext keys (hashed at load).
+    #[serde(default)]
+    pub api_keys: Vec<String>,
+    /// SHA-256 hex digests of keys.
+    #[serde(default)]
+    pub api_key_sha256: Vec<String>,
+    /// Share weight (overrides the plan's).
+    #[serde(default)]
+    pub weight: Option<f64>,
+    /// Plan name in `[plans]`.
+    #[serde(default)]
+    pub plan: Option<String>,
+    /// Concurrency cap (overrides the plan's).
+    #[serde(default)]
+    pub max_concurrency: Option<usize>,
+    /// Queued cap (overrides the plan's and the scheduler default).
+    #[serde(default)]
+    pub max_queued: Option<usize>,
+    /// Env var holding this tenant's own provider key.
+    #[serde(default)]
+    pub upstream_api_key_env: Option<String>,
+    /// Default class of this tenant's requests.
+    #[serde(default)]
+    pub priority: Class,
+    /// Keys whose requests may use `reserved_slots` (plaintext).
+    #[serde(default)]
+    pub recovery_api_keys: Vec<String>,
+}
+
+impl TenantConfig {
+    fn plan<'a>(&self, config: &'a Config) -> Option<&'a PlanConfig> {
+        self.plan.as_ref().and_then(|p| config.plans.get(p))
+    }
+
+    /// Weight: tenant > plan > 1.
+    pub fn effective_weight(&self, config: &Config) -> Weight {
+        let w = self
+            .weight
+            .or_else(|| self.plan(config).map(|p| p.weight))
+            .unwrap_or(1.0);
+        Weight::new(w).unwrap_or(Weight::ONE)
+    }
+
+    /// Concurrency cap: tenant > plan > none.
+    pub fn effective_max_concurrency(&self, config: &Config) -> Option<usize> {
+        self.max_concurrency
+            .or_else(|| self.plan(config).and_then(|p| p.max_concurrency))
+    }
+
+    /// Queued cap: tenant > plan > `[scheduler] max_queued_per_tenant`.
+    pub fn effective_max_queued(&self, config: &Config) -> usize {
+        self.max_queued
+            .or_else(|| self.plan(config).and_then(|p| p.max_queued))
+            .unwrap_or(config.scheduler.max_queued_per_tenant)
+    }
+}

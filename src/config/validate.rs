@@ -1,0 +1,267 @@
+//! Semantic validation of a parsed [`Config`]: every message names the offending key path.
+
+use std::collections::HashSet;
+
+use super::{Config, ConfigError};
+
+fn invalid(key: impl Into<String>, message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key: key.into(),
+        message: message.into(),
+    }
+}
+
+fn positive_weight(key: String, w: f64) -> Result<(), ConfigError> {
+    if w.is_finite() && w > 0.0 {
+        Ok(())
+    } else {
+        Err(invalid(key, format!("weight must be > 0, got {w}")))
+    }
+}
+
+fn env_name(key: String, var: &Option<String>) -> Result<(), ConfigError> {
+    match var {
+        Some(v) if v.is_empty() || v.contains('=') || v.contains('\0') => {
+            Err(invalid(key, "not a valid environment variable name"))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Checks everything the schema cannot express.
+pub fn validate(c: &Config) -> Result<(), ConfigError> {
+    if let Some(h) = &c.server.tenant_header {
+        if http::HeaderName::from_bytes(h.as_bytes()).is_err() {
+            return Err(invalid("server.tenant_header", "not a valid header name"));
+        }
+    }
+    if c.server.max_body_bytes == 0 {
+        return Err(invalid("server.max_body_bytes", "must be > 0"));
+    }
+    let s = &c.scheduler;
+    if s.quantum == 0 {
+        return Err(invalid("scheduler.quantum", "must be > 0"));
+    }
+    if s.classes.interactive == 0 || s.classes.batch == 0 {
+        return Err(invalid("scheduler.classes", "class shares must be > 0"));
+    }
+    if c.upstreams.is_empty() {
+        return Err(invalid(
+            "upstreams",
+            "at least one [[upstreams]] is required",
+        ));
+    }
+    let mut names = HashSet::new();
+    for (i, u) in c.upstreams.iter().enumerate() {
+        let key = |k: &str| format!("upstreams[{i}].{k}");
+        if !names.insert(u.name.as_str()) {
+            return Err(invalid(
+                key("name"),
+                format!("duplicate upstream name {:?}", u.name),
+            ));
+        }
+        let uri: http::Uri = u
+            .base_url
+            .parse()
+            .map_err(|e| invalid(key("base_url"), format!("not a URL: {e}")))?;
+        if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.authority().is_none() {
+            return Err(invalid(
+                key("base_url"),
+                "must be an http:// or https:// URL",
+            ));
+        }
+        if uri.query().is_some() {
+            return Err(invalid(key("base_url"), "must not have a query string"));
+        }
+        if u.max_concurrency == 0 {
+            return Err(invalid(key("max_concurrency"), "must be > 0"));
+        }
+        if u.models.is_empty() || u.models.iter().any(String::is_empty) {
+            return Err(invalid(
+                key("models"),
+                "needs at least one non-empty pattern",
+            ));
+        }
+        for (k, v) in [
+            ("connect_timeout_ms", u.connect_timeout_ms),
+            ("first_byte_timeout_ms", u.first_byte_timeout_ms),
+            ("idle_timeout_ms", u.idle_timeout_ms),
+        ] {
+            if v == 0 {
+                return Err(invalid(key(k), "must be > 0"));
+            }
+        }
+        env_name(key("api_key_env"), &u.api_key_env)?;
+    }
+    for (name, p) in &c.plans {
+        positive_weight(format!("plans.{name}.weight"), p.weight)?;
+        if p.max_concurrency == Some(0) {
+            return Err(invalid(
+                format!("plans.{name}.max_concurrency"),
+                "must be > 0",
+            ));
+        }
+    }
+    let mut ids = HashSet::new();
+    let mut digests = HashSet::new();
+    for (i, t) in c.tenants.iter().enumerate() {
+        let key = |k: &str| format!("tenants[{i}].{k}");
+        if t.id.is_empty() {
+            return Err(invalid(key("id"), "must not be empty"));
+        }
+        if !ids.insert(t.id.as_str()) {
+            return Err(invalid(
+                key("id"),
+                format!("duplicate tenant id {:?}", t.id),
+            ));
+        }
+        if let Some(w) = t.weight {
+            positive_weight(key("weight"), w)?;
+        }
+        if let Some(p) = &t.plan {
+            if !c.plans.contains_key(p) {
+                return Err(invalid(
+                    key("plan"),
+                    format!("unknown plan {p:?} (no [plans.{p}])"),
+                ));
+            }
+        }
+        if t.max_concurrency == Some(0) {
+            return Err(invalid(key("max_concurrency"), "must be > 0"));
+        }
+        env_name(key("upstream_api_key_env"), &t.upstream_api_key_env)?;
+        let plain = t.api_keys.iter().map(|k| ("api_keys", k));
+        let recovery = t.recovery_api_keys.iter().map(|k| ("recovery_api_keys", k));
+        for (j, (field, k)) in plain.chain(recovery).enumerate() {
+            if k.is_empty() {
+                return Err(invalid(key(field), "keys must not be empty"));
+            }
+            if !digests.insert(crate::tenant::digest(k.as_bytes())) {
+                // Never echo the key itself.
+                return Err(invalid(
+                    key(field),
+                    format!("key #{j} is used more than once"),
+                ));
+            }
+        }
+        for (j, h) in t.api_key_sha256.iter().enumerate() {
+            let d = crate::tenant::parse_digest(h).ok_or_else(|| {
+                invalid(
+                    format!("tenants[{i}].api_key_sha256[{j}]"),
+                    "must be 64 hex characters",
+                )
+            })?;
+            if !digests.insert(d) {
+                return Err(invalid(
+                    format!("tenants[{i}].api_key_sha256[{j}]"),
+                    "key is used more than once",
+                ));
+            }
+        }
+        let keyless =
+            t.api_keys.is_empty() && t.api_key_sha256.is_empty() && t.recovery_api_keys.is_empty();
+        if keyless && c.server.tenant_header.is_none() {
+            return Err(invalid(
+                key("api_keys"),
+                "tenant has no keys (set api_keys or api_key_sha256, or [server] tenant_header)",
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Config;
+
+    const BASE: &str = r#"
+[[upstreams]]
+name = "default"
+base_url = "http://127.0.0.1:9000/v1"
+"#;
+
+    fn err(extra: &str) -> String {
+        Config::from_toml_str(&format!("{BASE}{extra}"))
+            .unwrap_err()
+            .to_string()
+    }
+
+    #[test]
+    fn minimal_config_is_valid() {
+        let c = Config::from_toml_str(&format!(
+            "{BASE}[[tenants]]\nid = \"a\"\napi_keys = [\"k\"]\n"
+        ))
+        .unwrap();
+        assert_eq!(c.tenants[0].effective_weight(&c).get(), 1.0);
+        assert_eq!(c.tenants[0].effective_max_queued(&c), 1000);
+        assert_eq!(c.upstreams[0].models, vec!["*"]);
+    }
+
+    #[test]
+    fn unknown_key_names_path() {
+        let e = err("[[tenants]]\nid = \"a\"\napi_keys = [\"k\"]\nwieght = 2.0\n");
+        assert!(e.starts_with("tenants[0].wieght"), "{e}");
+        assert!(e.contains("unknown field"), "{e}");
+    }
+
+    #[test]
+    fn bad_weight_names_path() {
+        let e = err("[[tenants]]\nid = \"a\"\napi_keys = [\"k\"]\nweight = 0.0\n");
+        assert!(e.starts_with("tenants[0].weight"), "{e}");
+        let e = err("[plans.p]\nweight = -1.0\n");
+        assert!(e.starts_with("plans.p.weight"), "{e}");
+    }
+
+    #[test]
+    fn wrong_type_names_path() {
+        let e = err("[scheduler]\nquantum = \"lots\"\n");
+        assert!(e.starts_with("scheduler.quantum"), "{e}");
+    }
+
+    #[test]
+    fn unknown_plan_names_path() {
+        let e = err("[[tenants]]\nid = \"a\"\napi_keys = [\"k\"]\nplan = \"gold\"\n");
+        assert!(e.starts_with("tenants[0].plan"), "{e}");
+        assert!(e.contains("gold"), "{e}");
+    }
+
+    #[test]
+    fn plan_values_resolve_and_tenant_overrides() {
+        let c = Config::from_toml_str(&format!(
+            "{BASE}[plans.pro]\nweight = 2.0\nmax_concurrency = 16\nmax_queued = 500\n\
+             [[tenants]]\nid = \"a\"\napi_keys = [\"k\"]\nplan = \"pro\"\nmax_concurrency = 3\n"
+        ))
+        .unwrap();
+        let t = &c.tenants[0];
+        assert_eq!(t.effective_weight(&c).get(), 2.0);
+        assert_eq!(t.effective_max_concurrency(&c), Some(3));
+        assert_eq!(t.effective_max_queued(&c), 500);
+    }
+
+    #[test]
+    fn duplicates_and_bad_values_rejected() {
+        let e = err("[[tenants]]\nid = \"a\"\napi_keys = [\"k\"]\n[[tenants]]\nid = \"a\"\napi_keys = [\"j\"]\n");
+        assert!(e.starts_with("tenants[1].id"), "{e}");
+        let e = err("[[tenants]]\nid = \"a\"\napi_keys = [\"k\"]\n[[tenants]]\nid = \"b\"\napi_keys = [\"k\"]\n");
+        assert!(
+            e.starts_with("tenants[1].api_keys") && !e.contains("\"k\""),
+            "{e}"
+        );
+        let e = err("[[tenants]]\nid = \"a\"\napi_key_sha256 = [\"abc\"]\n");
+        assert!(e.starts_with("tenants[0].api_key_sha256[0]"), "{e}");
+        let e = err("[[upstreams]]\nname = \"default\"\nbase_url = \"http://x/v1\"\n");
+        assert!(e.starts_with("upstreams[1].name"), "{e}");
+        let e = Config::from_toml_str("[[upstreams]]\nname = \"u\"\nbase_url = \"ftp://x/v1\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("upstreams[0].base_url"), "{e}");
+        let e = err("[[tenants]]\nid = \"a\"\n");
+        assert!(e.starts_with("tenants[0].api_keys"), "{e}");
+    }
+
+    #[test]
+    fn reference_config_is_valid() {
+        let text = include_str!("../../config.toml");
+        Config::from_toml_str(text).unwrap();
+    }
+}

@@ -1,0 +1,3 @@
+//! `fairgate demo`: FIFO against DRR on the bundled mock upstream, over real HTTP.
+
+pub mod chart;

@@ -1,0 +1,150 @@
+//! The bundled OpenAI-compatible mock upstream, used by tests, benchmarks and the demo.
+//!
+//! Serves `/v1/chat/completions`, `/v1/completions` (JSON and SSE), `/v1/embeddings`,
+//! `/v1/responses` (JSON and SSE), `/v1/models` and `/healthz` over HTTP/1.1 and h2c. Every
+//! completion carries a deterministic `usage`; the output length and failures are chosen per
+//! request with `x-mock-*` headers (see `request.rs`) so tests can make actual cost differ from
+//! estimates, time out, see 5xx/429, or have a stream cut mid-way.
+//!
+//! Invariants:
+//! - Binds exactly the address given; [`MockServer::start`] returns once it is listening.
+//! - Beyond `max_concurrency` admitted requests in flight, answers 429 at once (not in flight).
+//! - Dropping the [`MockServer`] or calling [`MockServer::shutdown`] stops accepting and closes
+//!   every open connection; the counters in [`MockStats`] stay readable afterwards.
+
+mod body;
+mod cli;
+mod format;
+mod handlers;
+mod request;
+mod sse;
+mod stats;
+#[cfg(test)]
+mod tests;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+pub use body::MockBody;
+pub use cli::{run_cli, MockArgs};
+pub use handlers::{DEFAULT_EMBEDDING_DIMS, MAX_BODY_BYTES};
+pub use request::{HARD_CAP, MAX_TOKENS_CAP};
+pub use stats::{MockStats, SEEN_CAPACITY};
+
+/// How the mock behaves; per-request `x-mock-*` headers override parts of it.
+#[derive(Debug, Clone)]
+pub struct MockConfig {
+    /// Beyond this many requests in flight: 429 with `Retry-After`. `None`: unlimited.
+    pub max_concurrency: Option<usize>,
+    /// Sent as `Retry-After` (seconds, rounded up, min 1) and `retry-after-ms` on 429.
+    pub retry_after: Duration,
+    /// Delay before the response head.
+    pub base_latency: Duration,
+    /// Delay per generated output token (streaming: before each token chunk).
+    pub per_token: Duration,
+    /// Output tokens when the request does not choose.
+    pub default_output_tokens: u32,
+    /// Served by `/v1/models`; the first is the model echoed when a request names none.
+    pub models: Vec<String>,
+    /// Keep the `seen_*` logs of [`MockStats`] (the CLI turns this off: nobody can read them).
+    pub record_requests: bool,
+}
+
+impl Default for MockConfig {
+    fn default() -> Self {
+        MockConfig {
+            max_concurrency: None,
+            retry_after: Duration::from_secs(1),
+            base_latency: Duration::ZERO,
+            per_token: Duration::ZERO,
+            default_output_tokens: 16,
+            models: ["gpt-4o-mini", "gpt-4o", "text-embedding-3-small"]
+                .map(String::from)
+                .into(),
+            record_requests: true,
+        }
+    }
+}
+
+/// A running mock upstream; dropping it stops it.
+#[derive(Debug)]
+pub struct MockServer {
+    /// The bound address (the real port when started on port 0).
+    pub addr: SocketAddr,
+    /// Live counters and request logs.
+    pub stats: Arc<MockStats>,
+    stop: watch::Sender<()>,
+    accept: JoinHandle<()>,
+}
+
+impl MockServer {
+    /// Binds `listen` (port 0 picks a free port) and spawns the accept loop on the current runtime.
+    pub async fn start(listen: SocketAddr, cfg: MockConfig) -> std::io::Result<MockServer> {
+        let listener = TcpListener::bind(listen).await?;
+        let addr = listener.local_addr()?;
+        let stats = Arc::new(MockStats::default());
+        let shared = Arc::new(handlers::Shared::new(cfg, Arc::clone(&stats)));
+        let (stop, stopped) = watch::channel(());
+        let accept = tokio::spawn(accept_loop(listener, shared, stopped));
+        Ok(MockServer {
+            addr,
+            stats,
+            stop,
+            accept,
+        })
+    }
+
+    /// The OpenAI base URL of this mock, e.g. `http://127.0.0.1:PORT/v1`.
+    pub fn base_url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+
+    /// Stops accepting, closes open connections, and waits for the accept loop to end.
+    pub async fn shutdown(self) {
+        let MockServer { stop, accept, .. } = self;
+        drop(stop);
+        // The loop only ends by the stop signal; a panic in it is not ours to re-raise here.
+        let _ = accept.await;
+    }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    shared: Arc<handlers::Shared>,
+    mut stopped: watch::Receiver<()>,
+) {
+    let builder = Arc::new(auto::Builder::new(TokioExecutor::new()));
+    loop {
+        let (tcp, _peer) = tokio::select! {
+            _ = stopped.changed() => return,
+            accepted = listener.accept() => match accepted {
+                Ok(conn) => conn,
+                // Transient (e.g. EMFILE): back off briefly instead of spinning.
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = tcp.set_nodelay(true);
+        let shared = Arc::clone(&shared);
+        let builder = Arc::clone(&builder);
+        let mut stopped = stopped.clone();
+        tokio::spawn(async move {
+            let service =
+                hyper::service::service_fn(move |req| handlers::handle(Arc::clone(&shared), req));
+            let conn = builder.serve_connection(TokioIo::new(tcp), service);
+            tokio::select! {
+                _ = conn => {}
+                _ = stopped.changed() => {}
+            }
+        });
+    }
+}

@@ -1,0 +1,153 @@
+//! The one response body type that flows out of every stage: [`ResponseBody`].
+//!
+//! It is either a small in-memory body (errors, `/v1/models`, health) or the upstream's body
+//! streamed frame by frame, never collected, with an idle timeout between frames. Any stage may
+//! [`ResponseBody::attach`] a guard (e.g. a fair-queue permit) that lives exactly as long as the
+//! body: it is dropped when the body ends, errors, or the client goes away.
+//!
+//! Invariants: the upstream body is polled only when the client polls (backpressure); dropping
+//! this body drops the upstream body, which cancels the upstream request.
+
+use std::any::Any;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::combinators::UnsyncBoxBody;
+
+use crate::upstream::idle::IdleTimeout;
+
+/// Boxed error type of response bodies.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A guard whose lifetime is tied to a response body.
+pub type Guard = Box<dyn Any + Send + Sync>;
+
+pin_project_lite::pin_project! {
+    /// The response body of every stage; see the module docs.
+    pub struct ResponseBody {
+        #[pin]
+        inner: Inner,
+        guards: Vec<Guard>,
+    }
+}
+
+pin_project_lite::pin_project! {
+    #[project = InnerProj]
+    enum Inner {
+        Full { data: Option<Bytes> },
+        Upstream { #[pin] body: IdleTimeout<hyper::body::Incoming> },
+        Boxed { #[pin] body: UnsyncBoxBody<Bytes, BoxError> },
+    }
+}
+
+impl ResponseBody {
+    /// A complete in-memory body.
+    pub fn full(data: impl Into<Bytes>) -> Self {
+        let data: Bytes = data.into();
+        Self::new(Inner::Full {
+            data: (!data.is_empty()).then_some(data),
+        })
+    }
+
+    /// An empty body.
+    pub fn empty() -> Self {
+        Self::new(Inner::Full { data: None })
+    }
+
+    /// The upstream's streamed body, failing if no frame arrives within its idle timeout.
+    pub fn upstream(body: IdleTimeout<hyper::body::Incoming>) -> Self {
+        Self::new(Inner::Upstream { body })
+    }
+
+    /// Any other body (e.g. a wrapper that observes frames), boxed once.
+    pub fn boxed<B>(body: B) -> Self
+    where
+        B: Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
+    {
+        use http_body_util::BodyExt;
+        Self::new(Inner::Boxed {
+            body: body.map_err(Into::into).boxed_unsync(),
+        })
+    }
+
+    fn new(inner: Inner) -> Self {
+        Self {
+            inner,
+            guards: Vec::new(),
+        }
+    }
+
+    /// Keeps `guard` alive until this body is dropped (end of stream, error or disconnect).
+    pub fn attach(&mut self, guard: Guard) {
+        self.guards.push(guard);
+    }
+}
+
+impl Body for ResponseBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.project().inner.project() {
+            InnerProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            InnerProj::Upstream { body } => body.poll_frame(cx),
+            InnerProj::Boxed { body } => body.poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.inner {
+            Inner::Full { data } => data.is_none(),
+            Inner::Upstream { body } => body.is_end_stream(),
+            Inner::Boxed { body } => body.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.inner {
+            Inner::Full { data } => {
+                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
+            }
+            Inner::Upstream { body } => body.size_hint(),
+            Inner::Boxed { body } => body.size_hint(),
+        }
+    }
+}
+
+impl std::fmt::Debug for ResponseBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResponseBody").finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    struct Flag(Arc<AtomicBool>);
+    impl Drop for Flag {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+
+    #[tokio::test]
+    async fn guard_lives_as_long_as_body() {
+        let dropped = Arc::new(AtomicBool::new(false));
+        let mut body = ResponseBody::full("hello");
+        body.attach(Box::new(Flag(dropped.clone())));
+        assert!(!dropped.load(Ordering::SeqCst));
+        let bytes = body.collect().await.unwrap().to_bytes();
+        assert_eq!(&bytes[..], b"hello");
+        assert!(dropped.load(Ordering::SeqCst));
+    }
+}

@@ -1,0 +1,239 @@
+//! Route stage: picks the upstream pool for a request from its `model`, and answers
+//! `GET /v1/models` from config.
+//!
+//! Invariants: routing is first match over `[[upstreams]]` in config order, each upstream's
+//! `models` globs in order (`*` = any run, `?` = any one byte); a JSON endpoint whose model
+//! matches nothing gets 404 `model_not_found`; every other path is a 404 in OpenAI's shape.
+//! A routed request carries a [`Route`] extension.
+
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use futures_util::future::{ready, Either, Ready};
+use http::{header, HeaderValue, Method, Request, Response, StatusCode};
+
+use crate::body::{is_json_endpoint, Parsed};
+use crate::error::ApiError;
+use crate::response::ResponseBody;
+use crate::upstream::Upstream;
+
+/// The chosen upstream pool, inserted into request extensions.
+#[derive(Debug, Clone)]
+pub struct Route {
+    /// The upstream.
+    pub upstream: Arc<Upstream>,
+    /// Its index in `[[upstreams]]` (and in the scheduler's pool list).
+    pub index: usize,
+}
+
+/// Route stage errors.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// No upstream serves the model.
+    #[error("the model `{0}` does not exist or you do not have access to it")]
+    ModelNotFound(String),
+    /// The path is not an endpoint fairgate serves.
+    #[error("unknown request URL: {0}")]
+    UnknownUrl(String),
+    /// A known endpoint with the wrong method.
+    #[error("method {0} is not allowed for this endpoint")]
+    MethodNotAllowed(Method),
+}
+
+impl ApiError for Error {
+    fn status(&self) -> StatusCode {
+        match self {
+            Error::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+            _ => StatusCode::NOT_FOUND,
+        }
+    }
+    fn kind(&self) -> &'static str {
+        "invalid_request_error"
+    }
+    fn code(&self) -> &'static str {
+        match self {
+            Error::ModelNotFound(_) => "model_not_found",
+            Error::UnknownUrl(_) => "unknown_url",
+            Error::MethodNotAllowed(_) => "method_not_allowed",
+        }
+    }
+}
+
+/// Glob match: `*` matches any run (also empty), `?` exactly one byte, anything else itself.
+pub fn glob_match(pattern: &str, name: &str) -> bool {
+    let (p, n) = (pattern.as_bytes(), name.as_bytes());
+    let (mut pi, mut ni) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while ni < n.len() {
+        if pi < p.len() && (p[pi] == b'?' || p[pi] == n[ni]) {
+            pi += 1;
+            ni += 1;
+        } else if pi < p.len() && p[pi] == b'*' {
+            star = Some((pi, ni));
+            pi += 1;
+        } else if let Some((sp, sn)) = star {
+            pi = sp + 1;
+            ni = sn + 1;
+            star = Some((sp, sn + 1));
+        } else {
+            return false;
+        }
+    }
+    p[pi..].iter().all(|&c| c == b'*')
+}
+
+/// The routing table: upstreams in config order, and the prebuilt `/v1/models` answer.
+#[derive(Debug)]
+pub struct Router {
+    upstreams: Vec<Arc<Upstream>>,
+    models: Bytes,
+    names: Vec<String>,
+}
+
+impl Router {
+    /// Builds the table; `/v1/models` lists the patterns that contain no wildcard.
+    pub fn new(upstreams: Vec<Arc<Upstream>>) -> Self {
+        let mut names: Vec<String> = Vec::new();
+        let mut data = Vec::new();
+        for u in &upstreams {
+            for m in &u.models {
+                if !m.contains(['*', '?']) && !names.contains(m) {
+                    names.push(m.clone());
+                    data.push(serde_json::json!({
+                        "id": m, "object": "model", "created": 0, "owned_by": u.name,
+                    }));
+                }
+            }
+        }
+        let list = serde_json::json!({ "object": "list", "data": data });
+        let models = Bytes::from(serde_json::to_vec(&list).unwrap_or_default());
+        Self {
+            upstreams,
+            models,
+            names,
+        }
+    }
+
+    /// The first upstream whose patterns match `model`.
+    pub fn route(&self, model: &str) -> Option<Route> {
+        self.upstreams
+            .iter()
+            .enumerate()
+            .find(|(_, u)| u.models.iter().any(|p| glob_match(p, model)))
+            .map(|(index, u)| Route {
+                upstream: u.clone(),
+                index,
+            })
+    }
+
+    fn answer(&self, method: &Method, path: &str) -> Result<Response<ResponseBody>, Error> {
+        if method != Method::GET {
+            return Err(Error::MethodNotAllowed(method.clone()));
+        }
+        let body = match path.strip_prefix("/v1/models/") {
+            None => self.models.clone(),
+            Some(id) => match self.names.iter().find(|n| n.as_str() == id) {
+                Some(n) => Bytes::from(
+                    serde_json::to_vec(&serde_json::json!({
+                        "id": n, "object": "model", "created": 0, "owned_by": "fairgate",
+                    }))
+                    .unwrap_or_default(),
+                ),
+                None => return Err(Error::ModelNotFound(id.to_owned())),
+            },
+        };
+        let mut res = Response::new(ResponseBody::full(body));
+        res.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        Ok(res)
+    }
+}
+
+/// Tower layer of the route stage.
+#[derive(Clone)]
+pub struct Layer(pub Arc<Router>);
+
+impl<S> tower::Layer<S> for Layer {
+    type Service = Service<S>;
+    fn layer(&self, inner: S) -> Service<S> {
+        Service {
+            router: self.0.clone(),
+            inner,
+        }
+    }
+}
+
+/// Tower service of the route stage.
+#[derive(Clone)]
+pub struct Service<S> {
+    router: Arc<Router>,
+    inner: S,
+}
+
+type Res = Result<Response<ResponseBody>, crate::Error>;
+
+impl<S> tower::Service<Request<Bytes>> for Service<S>
+where
+    S: tower::Service<Request<Bytes>, Response = Response<ResponseBody>, Error = crate::Error>,
+{
+    type Response = Response<ResponseBody>;
+    type Error = crate::Error;
+    type Future = Either<Ready<Res>, S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), crate::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: Request<Bytes>) -> Self::Future {
+        let path = req.uri().path();
+        if path == "/v1/models" || path.starts_with("/v1/models/") {
+            let res = self.router.answer(req.method(), path);
+            return Either::Left(ready(res.map_err(Into::into)));
+        }
+        if !is_json_endpoint(req.method(), path) {
+            let e = if is_json_endpoint(&Method::POST, path) {
+                Error::MethodNotAllowed(req.method().clone())
+            } else {
+                Error::UnknownUrl(path.to_owned())
+            };
+            return Either::Left(ready(Err(e.into())));
+        }
+        let Some(parsed) = req.extensions().get::<Parsed>() else {
+            return Either::Left(ready(Err(crate::Error::Internal("body not parsed"))));
+        };
+        match self.router.route(&parsed.model) {
+            Some(route) => {
+                req.extensions_mut().insert(route);
+                Either::Right(self.inner.call(req))
+            }
+            None => {
+                let e = Error::ModelNotFound(parsed.model.clone());
+                Either::Left(ready(Err(e.into())))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::glob_match;
+
+    #[test]
+    fn globs() {
+        assert!(glob_match("*", "gpt-4o"));
+        assert!(glob_match("*", ""));
+        assert!(glob_match("gpt-4*", "gpt-4o-mini"));
+        assert!(!glob_match("gpt-4*", "gpt-3.5"));
+        assert!(glob_match("gpt-?o", "gpt-4o"));
+        assert!(!glob_match("gpt-?o", "gpt-44o"));
+        assert!(glob_match("*-mini", "gpt-4o-mini"));
+        assert!(glob_match("a*b*c", "axxbyyc"));
+        assert!(!glob_match("a*b*c", "axxbyy"));
+        assert!(glob_match("exact", "exact"));
+        assert!(!glob_match("exact", "exactly"));
+        assert!(glob_match("**x", "x"));
+    }
+}

@@ -1,0 +1,308 @@
+//! The server: assembles the tower stack ([`stack`], one function, top to bottom) and runs the
+//! listener (HTTP/1.1, h2 and h2c via hyper-util's auto builder, optional rustls TLS) with
+//! graceful shutdown.
+//!
+//! Invariants: all per-request state is shared through `Arc`s built once at startup (nothing is
+//! cloned from the config per request); on shutdown the server stops accepting, `/readyz` turns
+//! 503, in-flight requests and streams get up to `shutdown_grace_ms` to finish, and whatever is
+//! left after that is aborted.
+
+mod tls;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{HeaderName, Request, Response};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::{JoinHandle, JoinSet};
+use tower::ServiceBuilder;
+
+use crate::config::{Config, ConfigError};
+use crate::response::{BoxError, ResponseBody};
+use crate::route::Router;
+use crate::tenant::Directory;
+use crate::upstream::Upstream;
+use crate::{body, edge, health, route, tenant, upstream};
+
+/// Everything the stack shares, built once from a validated [`Config`].
+#[derive(Debug, Clone)]
+pub struct State {
+    /// The configuration.
+    pub config: Arc<Config>,
+    /// Tenants by key digest and id.
+    pub tenants: Arc<Directory>,
+    /// Upstream pools in config order.
+    pub upstreams: Vec<Arc<Upstream>>,
+    /// Model → upstream routing.
+    pub router: Arc<Router>,
+    /// `/readyz` flag.
+    pub ready: Arc<AtomicBool>,
+}
+
+impl State {
+    /// Builds the shared state, reading `*_env` variables (unset → error naming the key).
+    pub fn new(config: Config) -> Result<Self, ConfigError> {
+        let env = |var: &str| std::env::var(var).ok();
+        let tenants = Arc::new(Directory::from_config(&config, env)?);
+        let upstreams = config
+            .upstreams
+            .iter()
+            .enumerate()
+            .map(|(i, u)| Upstream::from_config(u, i, env).map(Arc::new))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self {
+            router: Arc::new(Router::new(upstreams.clone())),
+            config: Arc::new(config),
+            tenants,
+            upstreams,
+            ready: Arc::new(AtomicBool::new(false)),
+        })
+    }
+}
+
+/// The whole request path, outermost first.
+pub fn stack<B>(
+    state: &State,
+) -> impl tower::Service<
+    Request<B>,
+    Response = Response<ResponseBody>,
+    Error = Infallible,
+    Future: Send + 'static,
+> + Clone
+       + Send
+       + 'static
+where
+    B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let tenant_header: Option<HeaderName> = state.tenants.tenant_header().cloned();
+    ServiceBuilder::new()
+        // Outermost so that every error of every stage below (and any panic) is rendered once,
+        // in OpenAI's shape, and every response carries x-fairgate-queue-ms.
+        .layer(edge::Layer)
+        // Before authentication: probes carry no key, and must not cost a body read.
+        .layer(health::Layer(state.ready.clone()))
+        // Who is calling, before reading a byte of the body: unknown callers cost a header hash.
+        .layer(tenant::Layer(state.tenants.clone()))
+        // Read the (bounded) body once and parse it once; estimation and routing need it.
+        .layer(body::Layer {
+            max_body_bytes: state.config.server.max_body_bytes,
+        })
+        // Pick the upstream pool from the model: the fair queue below is per pool.
+        .layer(route::Layer(state.router.clone()))
+        // ── QUEUE LAYER GOES HERE ──
+        // estimate/admission/fair queue: waits for a permit of the routed pool, inserts
+        // `upstream::QueueMs`, and attaches the permit to the response body
+        // (`ResponseBody::attach`) so it is released when the stream ends or is dropped.
+        //
+        // Innermost: forward to the provider and stream the answer back.
+        .service(upstream::Service::new(tenant_header))
+}
+
+/// Why the server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The configuration is unusable (e.g. an env var is missing).
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The TLS certificate or key cannot be loaded.
+    #[error("{0}")]
+    Tls(String),
+    /// The listener failed.
+    #[error("listener: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// A running server. Dropping the handle shuts the server down as [`ServerHandle::shutdown`] does.
+#[derive(Debug)]
+pub struct ServerHandle {
+    /// The bound address.
+    pub addr: SocketAddr,
+    stop: watch::Sender<bool>,
+    join: JoinHandle<()>,
+}
+
+impl ServerHandle {
+    /// Starts graceful shutdown (idempotent).
+    pub fn shutdown(&self) {
+        self.stop.send_replace(true);
+    }
+
+    /// Waits until the server has drained (or the grace period has passed).
+    pub async fn join(self) -> Result<(), tokio::task::JoinError> {
+        self.join.await
+    }
+}
+
+/// Starts serving `config` on `listener` in the background.
+pub async fn start(config: Config, listener: TcpListener) -> Result<ServerHandle, StartError> {
+    let addr = listener.local_addr()?;
+    let tls = match &config.server.tls {
+        Some(t) => Some(tls::acceptor(t).map_err(StartError::Tls)?),
+        None => None,
+    };
+    let state = State::new(config)?;
+    let grace = Duration::from_millis(state.config.server.shutdown_grace_ms);
+    let service = TowerToHyperService::new(stack::<hyper::body::Incoming>(&state));
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(Duration::from_secs(30));
+    let (stop, mut stopped) = watch::channel(false);
+    state.ready.store(true, Ordering::Release);
+    let ready = state.ready.clone();
+    let join = tokio::spawn(async move {
+        let graceful = GracefulShutdown::new();
+        let mut conns = JoinSet::new();
+        loop {
+            tokio::select! {
+                biased;
+                _ = async { let _ = stopped.wait_for(|s| *s).await; } => break,
+                Some(_) = conns.join_next() => {}
+                accepted = listener.accept() => {
+                    let (stream, _peer) = match accepted {
+                        Ok(a) => a,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "accept failed");
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            continue;
+                        }
+                    };
+                    let _ = stream.set_nodelay(true);
+                    let (builder, service, watcher) =
+                        (builder.clone(), service.clone(), graceful.watcher());
+                    let tls = tls.clone();
+                    conns.spawn(async move {
+                        let result = match tls {
+                            None => {
+                                let conn = builder.serve_connection(TokioIo::new(stream), service);
+                                watcher.watch(conn).await
+                            }
+                            Some(acceptor) => {
+                                let handshake = acceptor.accept(stream);
+                                let Ok(Ok(stream)) =
+                                    tokio::time::timeout(Duration::from_secs(10), handshake).await
+                                else {
+                                    return;
+                                };
+                                let conn = builder.serve_connection(TokioIo::new(stream), service);
+                                watcher.watch(conn).await
+                            }
+                        };
+                        if let Err(e) = result {
+                            tracing::debug!(error = %e, "connection ended with an error");
+                        }
+                    });
+                }
+            }
+        }
+        ready.store(false, Ordering::Release);
+        drop(listener);
+        tracing::info!(connections = conns.len(), "shutting down: draining");
+        tokio::select! {
+            _ = graceful.shutdown() => tracing::info!("drained"),
+            _ = tokio::time::sleep(grace) => {
+                tracing::warn!(connections = conns.len(), "grace period over: aborting");
+            }
+        }
+        conns.shutdown().await;
+    });
+    Ok(ServerHandle { addr, stop, join })
+}
+
+/// `fairgate serve`: binds `[server] listen`, serves until SIGTERM/SIGINT, then drains.
+pub async fn run(config: Config) -> Result<(), StartError> {
+    let listener = TcpListener::bind(config.server.listen).await?;
+    let handle = start(config, listener).await?;
+    tracing::info!(addr = %handle.addr, "fairgate listening");
+    shutdown_signal().await;
+    tracing::info!("signal received");
+    handle.shutdown();
+    let _ = handle.join().await;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use http_body_util::Full;
+    use tower::ServiceExt;
+
+    fn state() -> State {
+        let config = Config::from_toml_str(
+            "[[upstreams]]\nname = \"u\"\nbase_url = \"http://127.0.0.1:9/v1\"\nmodels = [\"m\"]\n\
+             [[tenants]]\nid = \"a\"\napi_keys = [\"k\"]\n",
+        )
+        .unwrap();
+        State::new(config).unwrap()
+    }
+
+    async fn status(state: &State, req: Request<Full<Bytes>>) -> u16 {
+        let res = stack(state).oneshot(req).await.unwrap();
+        assert!(res.headers().contains_key(upstream::QUEUE_MS_HEADER));
+        res.status().as_u16()
+    }
+
+    #[tokio::test]
+    async fn stack_order_health_then_tenant_then_body_then_route() {
+        let s = state();
+        let get = |p: &str| Request::get(p).body(Full::default()).unwrap();
+        // Health answers before authentication; readiness follows the flag.
+        assert_eq!(status(&s, get("/healthz")).await, 200);
+        assert_eq!(status(&s, get("/readyz")).await, 503);
+        s.ready.store(true, Ordering::Release);
+        assert_eq!(status(&s, get("/readyz")).await, 200);
+        // Authentication comes before path handling: unknown paths without a key are 401.
+        assert_eq!(status(&s, get("/v1/nope")).await, 401);
+        let authed = |b: http::request::Builder| b.header("authorization", "Bearer k");
+        let req = authed(Request::get("/v1/nope"))
+            .body(Full::default())
+            .unwrap();
+        assert_eq!(status(&s, req).await, 404);
+        let req = authed(Request::get("/v1/models"))
+            .body(Full::default())
+            .unwrap();
+        assert_eq!(status(&s, req).await, 200);
+        let req = authed(Request::post("/v1/chat/completions"))
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from_static(b"{\"model\":\"other\"}")))
+            .unwrap();
+        assert_eq!(status(&s, req).await, 404);
+        let req = authed(Request::get("/v1/chat/completions"))
+            .body(Full::default())
+            .unwrap();
+        assert_eq!(status(&s, req).await, 405);
+    }
+}

@@ -1,0 +1,319 @@
+//! Tenant stage: who is calling. `Authorization: Bearer <key>` → SHA-256 digest → [`Tenant`],
+//! or, in sidecar mode (`[server] tenant_header`), a trusted header naming the tenant id.
+//!
+//! Inserts an [`Identity`] into the request extensions. Invariants: keys are only ever held as
+//! digests, never logged or echoed; every lookup costs one hash and one map probe whether or not
+//! the key matches; an unknown or missing key never reaches later stages (401).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
+use sha2::{Digest, Sha256};
+
+use crate::config::{Config, ConfigError};
+use crate::domain::{Class, TenantId, Weight};
+use crate::error::ApiError;
+
+mod service;
+pub use service::{Layer, Service};
+
+/// Request header choosing the class of one request: `interactive` or `batch`.
+pub const PRIORITY_HEADER: &str = "x-fairgate-priority";
+
+/// A configured tenant with its effective (tenant > plan > default) settings.
+#[derive(Debug)]
+pub struct Tenant {
+    /// The tenant id.
+    pub id: TenantId,
+    /// Share weight.
+    pub weight: Weight,
+    /// Concurrency cap, if any.
+    pub max_concurrency: Option<usize>,
+    /// Queued-requests cap.
+    pub max_queued: usize,
+    /// Default class of its requests.
+    pub priority: Class,
+    /// Its own provider key as a ready `Bearer …` header value (marked sensitive), if configured.
+    pub upstream_key: Option<HeaderValue>,
+}
+
+/// Who is calling, inserted into request extensions by this stage.
+#[derive(Debug, Clone)]
+pub struct Identity {
+    /// The tenant.
+    pub tenant: Arc<Tenant>,
+    /// This request's class (header `x-fairgate-priority`, else the tenant's `priority`).
+    pub class: Class,
+    /// Whether the key used is a recovery key (may use reserved slots).
+    pub recovery: bool,
+}
+
+/// Tenant stage errors.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// No key was sent.
+    #[error("missing API key: send `Authorization: Bearer <key>`")]
+    MissingKey,
+    /// The key matches no tenant.
+    #[error("incorrect API key provided")]
+    UnknownKey,
+    /// Sidecar mode: the tenant header is missing or names no configured tenant.
+    #[error("missing or unknown tenant in the {0} header")]
+    UnknownTenant(HeaderName),
+    /// `x-fairgate-priority` is neither `interactive` nor `batch`.
+    #[error("invalid x-fairgate-priority header: expected `interactive` or `batch`")]
+    BadPriority,
+}
+
+impl ApiError for Error {
+    fn status(&self) -> StatusCode {
+        match self {
+            Error::BadPriority => StatusCode::BAD_REQUEST,
+            _ => StatusCode::UNAUTHORIZED,
+        }
+    }
+    fn kind(&self) -> &'static str {
+        "invalid_request_error"
+    }
+    fn code(&self) -> &'static str {
+        match self {
+            Error::BadPriority => "invalid_priority",
+            _ => "invalid_api_key",
+        }
+    }
+}
+
+/// SHA-256 of a key.
+pub fn digest(key: &[u8]) -> [u8; 32] {
+    Sha256::digest(key).into()
+}
+
+/// Parses a 64-hex-character SHA-256 digest.
+pub fn parse_digest(hex_digest: &str) -> Option<[u8; 32]> {
+    let mut out = [0u8; 32];
+    hex::decode_to_slice(hex_digest, &mut out).ok()?;
+    Some(out)
+}
+
+/// All tenants, indexed by key digest and by id.
+#[derive(Debug, Default)]
+pub struct Directory {
+    by_digest: HashMap<[u8; 32], (Arc<Tenant>, bool)>,
+    by_id: HashMap<Box<str>, Arc<Tenant>>,
+    header: Option<HeaderName>,
+}
+
+impl Directory {
+    /// Builds the directory; `env` resolves `upstream_api_key_env` (missing → error naming the key).
+    pub fn from_config(
+        config: &Config,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConfigError> {
+        let mut dir = Directory {
+            header: config
+                .server
+                .tenant_header
+                .as_deref()
+                .and_then(|h| HeaderName::from_bytes(h.as_bytes()).ok()),
+            ..Directory::default()
+        };
+        for (i, t) in config.tenants.iter().enumerate() {
+            let upstream_key = match &t.upstream_api_key_env {
+                None => None,
+                Some(var) => Some(
+                    bearer(&env(var).ok_or_else(|| ConfigError::MissingEnv {
+                        key: format!("tenants[{i}].upstream_api_key_env"),
+                        var: var.clone(),
+                    })?)
+                    .ok_or_else(|| ConfigError::Invalid {
+                        key: format!("tenants[{i}].upstream_api_key_env"),
+                        message: format!("{var} is not a valid header value"),
+                    })?,
+                ),
+            };
+            let tenant = Arc::new(Tenant {
+                id: TenantId::new(t.id.as_str()),
+                weight: t.effective_weight(config),
+                max_concurrency: t.effective_max_concurrency(config),
+                max_queued: t.effective_max_queued(config),
+                priority: t.priority,
+                upstream_key,
+            });
+            let keys = t.api_keys.iter().map(|k| (digest(k.as_bytes()), false));
+            let hashed = t.api_key_sha256.iter().filter_map(|h| parse_digest(h));
+            let recovery = t.recovery_api_keys.iter();
+            let all = keys
+                .chain(hashed.map(|d| (d, false)))
+                .chain(recovery.map(|k| (digest(k.as_bytes()), true)));
+            for (d, is_recovery) in all {
+                dir.by_digest.insert(d, (tenant.clone(), is_recovery));
+            }
+            dir.by_id.insert(t.id.as_str().into(), tenant);
+        }
+        Ok(dir)
+    }
+
+    /// The sidecar header, if configured (stripped before forwarding).
+    pub fn tenant_header(&self) -> Option<&HeaderName> {
+        self.header.as_ref()
+    }
+
+    /// Number of tenants.
+    pub fn len(&self) -> usize {
+        self.by_id.len()
+    }
+
+    /// Whether no tenant is configured.
+    pub fn is_empty(&self) -> bool {
+        self.by_id.is_empty()
+    }
+
+    /// Identifies the caller from request headers.
+    pub fn identify(&self, headers: &HeaderMap) -> Result<Identity, Error> {
+        let (tenant, recovery) = match &self.header {
+            Some(name) => {
+                let id = headers.get(name).and_then(|v| v.to_str().ok());
+                let t = id.and_then(|id| self.by_id.get(id));
+                (
+                    t.ok_or_else(|| Error::UnknownTenant(name.clone()))?.clone(),
+                    false,
+                )
+            }
+            None => {
+                let key = headers
+                    .get(header::AUTHORIZATION)
+                    .and_then(|v| bearer_token(v.as_bytes()))
+                    .ok_or(Error::MissingKey)?;
+                let (t, recovery) = self.by_digest.get(&digest(key)).ok_or(Error::UnknownKey)?;
+                (t.clone(), *recovery)
+            }
+        };
+        let class = match headers.get(PRIORITY_HEADER) {
+            None => tenant.priority,
+            Some(v) => v
+                .to_str()
+                .ok()
+                .and_then(Class::parse)
+                .ok_or(Error::BadPriority)?,
+        };
+        Ok(Identity {
+            tenant,
+            class,
+            recovery,
+        })
+    }
+}
+
+/// `Bearer <token>` → token bytes (scheme case-insensitive, surrounding spaces trimmed).
+fn bearer_token(value: &[u8]) -> Option<&[u8]> {
+    let (scheme, rest) = value.split_at_checked(7)?;
+    if !scheme.eq_ignore_ascii_case(b"bearer ") {
+        return None;
+    }
+    let token = rest.trim_ascii();
+    (!token.is_empty()).then_some(token)
+}
+
+/// A sensitive `Bearer <key>` header value.
+pub fn bearer(key: &str) -> Option<HeaderValue> {
+    let mut v = HeaderValue::try_from(format!("Bearer {key}")).ok()?;
+    v.set_sensitive(true);
+    Some(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir(extra: &str) -> Directory {
+        let text = format!(
+            "{extra}\n[[upstreams]]\nname = \"u\"\nbase_url = \"http://h/v1\"\n\
+             [[tenants]]\nid = \"a\"\napi_keys = [\"ka\"]\nrecovery_api_keys = [\"ra\"]\n\
+             [[tenants]]\nid = \"b\"\napi_key_sha256 = [\"{}\"]\npriority = \"batch\"\n\
+             upstream_api_key_env = \"B_KEY\"\n",
+            hex::encode(digest(b"kb"))
+        );
+        let config = Config::from_toml_str(&text).unwrap();
+        Directory::from_config(&config, |v| (v == "B_KEY").then(|| "prov".to_owned())).unwrap()
+    }
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        pairs
+            .iter()
+            .map(|(k, v)| {
+                (
+                    HeaderName::from_static(k),
+                    HeaderValue::from_str(v).unwrap(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn looks_up_by_digest() {
+        let d = dir("");
+        let a = d
+            .identify(&headers(&[("authorization", "Bearer ka")]))
+            .unwrap();
+        assert_eq!(a.tenant.id.as_str(), "a");
+        assert!(!a.recovery);
+        assert_eq!(a.class, Class::Interactive);
+        let b = d
+            .identify(&headers(&[("authorization", "bearer kb ")]))
+            .unwrap();
+        assert_eq!(b.tenant.id.as_str(), "b");
+        assert_eq!(b.class, Class::Batch);
+        assert_eq!(b.tenant.upstream_key.as_ref().unwrap(), "Bearer prov");
+        let r = d
+            .identify(&headers(&[("authorization", "Bearer ra")]))
+            .unwrap();
+        assert!(r.recovery);
+    }
+
+    #[test]
+    fn rejects_missing_and_unknown() {
+        let d = dir("");
+        assert!(matches!(
+            d.identify(&HeaderMap::new()),
+            Err(Error::MissingKey)
+        ));
+        let h = headers(&[("authorization", "Basic ka")]);
+        assert!(matches!(d.identify(&h), Err(Error::MissingKey)));
+        let h = headers(&[("authorization", "Bearer nope")]);
+        assert!(matches!(d.identify(&h), Err(Error::UnknownKey)));
+    }
+
+    #[test]
+    fn priority_header_overrides() {
+        let d = dir("");
+        let h = headers(&[("authorization", "Bearer ka"), (PRIORITY_HEADER, "Batch")]);
+        assert_eq!(d.identify(&h).unwrap().class, Class::Batch);
+        let h = headers(&[("authorization", "Bearer ka"), (PRIORITY_HEADER, "urgent")]);
+        assert!(matches!(d.identify(&h), Err(Error::BadPriority)));
+    }
+
+    #[test]
+    fn sidecar_header_names_tenant() {
+        let d = dir("[server]\ntenant_header = \"x-tenant-id\"");
+        let h = headers(&[("x-tenant-id", "b")]);
+        assert_eq!(d.identify(&h).unwrap().tenant.id.as_str(), "b");
+        let h = headers(&[("x-tenant-id", "zz"), ("authorization", "Bearer ka")]);
+        assert!(matches!(d.identify(&h), Err(Error::UnknownTenant(_))));
+    }
+
+    #[test]
+    fn missing_tenant_env_is_an_error_naming_the_key() {
+        let text =
+            "[[upstreams]]\nname = \"u\"\nbase_url = \"http://h/v1\"\n[[tenants]]\nid = \"a\"\n\
+                    api_keys = [\"k\"]\nupstream_api_key_env = \"NOPE\"\n";
+        let config = Config::from_toml_str(text).unwrap();
+        let e = Directory::from_config(&config, |_| None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("tenants[0].upstream_api_key_env") && e.contains("NOPE"),
+            "{e}"
+        );
+    }
+}

@@ -1,0 +1,83 @@
+//! Header hygiene between client and provider: hop-by-hop headers never cross the proxy, and the
+//! tenant's credentials never go upstream.
+
+use http::header::{self, HeaderMap, HeaderName};
+
+/// Hop-by-hop headers (RFC 9110 §7.6.1) plus `proxy-*` handled in [`strip_hop_by_hop`].
+const HOP_BY_HOP: [HeaderName; 6] = [
+    header::CONNECTION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+    header::PROXY_AUTHORIZATION,
+];
+
+/// Removes hop-by-hop headers, including every header named in `Connection`.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in &HOP_BY_HOP {
+        headers.remove(name);
+    }
+    headers.remove("keep-alive");
+    headers.remove(header::PROXY_AUTHENTICATE);
+    headers.remove("proxy-connection");
+}
+
+/// Prepares client request headers for the provider: hop-by-hop, `host`, `content-length`
+/// (recomputed), `expect` (the body is already read), the client's `authorization`, the sidecar
+/// tenant header and fairgate's own request headers are removed.
+pub fn for_upstream(headers: &mut HeaderMap, tenant_header: Option<&HeaderName>) {
+    strip_hop_by_hop(headers);
+    headers.remove(header::HOST);
+    headers.remove(header::CONTENT_LENGTH);
+    headers.remove(header::EXPECT);
+    headers.remove(header::AUTHORIZATION);
+    headers.remove(crate::tenant::PRIORITY_HEADER);
+    if let Some(h) = tenant_header {
+        headers.remove(h);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    #[test]
+    fn strips_hop_by_hop_credentials_and_connection_named() {
+        let mut h = HeaderMap::new();
+        for (k, v) in [
+            ("connection", "keep-alive, x-secret-hop"),
+            ("keep-alive", "timeout=5"),
+            ("x-secret-hop", "1"),
+            ("proxy-authorization", "Basic x"),
+            ("te", "trailers"),
+            ("trailer", "x-t"),
+            ("transfer-encoding", "chunked"),
+            ("upgrade", "websocket"),
+            ("host", "proxy.local"),
+            ("content-length", "12"),
+            ("authorization", "Bearer tenant-key"),
+            ("x-tenant-id", "acme"),
+            ("x-fairgate-priority", "batch"),
+            ("content-type", "application/json"),
+            ("x-request-id", "abc"),
+        ] {
+            h.append(HeaderName::from_static(k), HeaderValue::from_static(v));
+        }
+        let sidecar = HeaderName::from_static("x-tenant-id");
+        for_upstream(&mut h, Some(&sidecar));
+        let left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        assert_eq!(left, vec!["content-type", "x-request-id"]);
+    }
+}

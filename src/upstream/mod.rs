@@ -1,0 +1,338 @@
+//! Upstream stage (innermost): forwards the request to the routed provider and streams the
+//! answer back.
+//!
+//! `/v1/X?q` goes to `base_url + /X?q`. Headers are cleaned by [`headers::for_upstream`]; the
+//! `authorization` sent is the tenant's own provider key, else the upstream's, else none.
+//! Invariants: the tenant's key never goes upstream; the response body is never collected — it
+//! is [`ResponseBody::upstream`], polled only as fast as the client reads, and dropping it
+//! cancels the upstream request; connect failure → 502, no response head within
+//! `first_byte_timeout_ms` → 504, an upstream error status is passed through untouched.
+
+pub mod headers;
+pub mod idle;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderName, HeaderValue, Request, Response, StatusCode, Uri, Version};
+use http_body_util::Full;
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+use crate::config::{ConfigError, UpstreamConfig};
+use crate::error::ApiError;
+use crate::response::ResponseBody;
+use crate::route::Route;
+use crate::tenant::Identity;
+
+/// Response header: milliseconds the request spent queued.
+pub const QUEUE_MS_HEADER: &str = "x-fairgate-queue-ms";
+
+/// Time the request spent in the fair queue; inserted by the queue layer (absent → 0).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct QueueMs(pub u64);
+
+type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+
+/// One provider pool: its address, key, limits, routing patterns and pooled client.
+pub struct Upstream {
+    /// Unique name.
+    pub name: String,
+    /// Model glob patterns.
+    pub models: Vec<String>,
+    /// Pool size shared by all tenants.
+    pub max_concurrency: usize,
+    /// Time to the response head.
+    pub first_byte_timeout: Duration,
+    /// Max gap between body frames.
+    pub idle_timeout: Duration,
+    scheme: http::uri::Scheme,
+    authority: http::uri::Authority,
+    prefix: String,
+    api_key: Option<HeaderValue>,
+    client: HttpClient,
+}
+
+impl std::fmt::Debug for Upstream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Upstream")
+            .field("name", &self.name)
+            .field("authority", &self.authority)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Upstream stage errors.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Connecting failed.
+    #[error("upstream {0} is unavailable")]
+    Unavailable(String),
+    /// The request failed after connecting, before a response head.
+    #[error("upstream {0} failed to answer")]
+    Failed(String),
+    /// No response head in time.
+    #[error("upstream {0} did not answer within {1:?}")]
+    Timeout(String, Duration),
+    /// The request path cannot be forwarded.
+    #[error("invalid request path")]
+    BadPath,
+}
+
+impl ApiError for Error {
+    fn status(&self) -> StatusCode {
+        match self {
+            Error::Unavailable(_) | Error::Failed(_) => StatusCode::BAD_GATEWAY,
+            Error::Timeout(..) => StatusCode::GATEWAY_TIMEOUT,
+            Error::BadPath => StatusCode::BAD_REQUEST,
+        }
+    }
+    fn kind(&self) -> &'static str {
+        match self {
+            Error::BadPath => "invalid_request_error",
+            _ => "server_error",
+        }
+    }
+    fn code(&self) -> &'static str {
+        match self {
+            Error::Unavailable(_) | Error::Failed(_) => "upstream_unavailable",
+            Error::Timeout(..) => "upstream_timeout",
+            Error::BadPath => "invalid_path",
+        }
+    }
+}
+
+impl Upstream {
+    /// Builds an upstream (and its client) from `[[upstreams]]` entry `index`; `env` resolves
+    /// `api_key_env` (unset → error naming the key).
+    pub fn from_config(
+        cfg: &UpstreamConfig,
+        index: usize,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConfigError> {
+        let key = |k: &str| format!("upstreams[{index}].{k}");
+        let invalid = |k: &str, message: String| ConfigError::Invalid {
+            key: key(k),
+            message,
+        };
+        let uri: Uri = cfg
+            .base_url
+            .parse()
+            .map_err(|e| invalid("base_url", format!("not a URL: {e}")))?;
+        let parts = uri.into_parts();
+        let (Some(scheme), Some(authority)) = (parts.scheme, parts.authority) else {
+            return Err(invalid("base_url", "must be an absolute URL".into()));
+        };
+        let prefix = parts
+            .path_and_query
+            .map(|p| p.path().trim_end_matches('/').to_owned())
+            .unwrap_or_default();
+        let api_key = match &cfg.api_key_env {
+            None => None,
+            Some(var) => {
+                let value = env(var).ok_or_else(|| ConfigError::MissingEnv {
+                    key: key("api_key_env"),
+                    var: var.clone(),
+                })?;
+                Some(crate::tenant::bearer(&value).ok_or_else(|| {
+                    invalid("api_key_env", format!("{var} is not a valid header value"))
+                })?)
+            }
+        };
+        Ok(Self {
+            name: cfg.name.clone(),
+            models: cfg.models.clone(),
+            max_concurrency: cfg.max_concurrency,
+            first_byte_timeout: Duration::from_millis(cfg.first_byte_timeout_ms),
+            idle_timeout: Duration::from_millis(cfg.idle_timeout_ms),
+            scheme,
+            authority,
+            prefix,
+            api_key,
+            client: client(
+                Duration::from_millis(cfg.connect_timeout_ms),
+                cfg.max_concurrency,
+            ),
+        })
+    }
+
+    /// `base_url + (path without /v1) + ?query`.
+    pub fn target(&self, uri: &Uri) -> Result<Uri, Error> {
+        let rest = uri.path().strip_prefix("/v1").ok_or(Error::BadPath)?;
+        let mut pq = String::with_capacity(self.prefix.len() + uri.path().len() + 16);
+        pq.push_str(&self.prefix);
+        pq.push_str(rest);
+        if let Some(q) = uri.query() {
+            pq.push('?');
+            pq.push_str(q);
+        }
+        Uri::builder()
+            .scheme(self.scheme.clone())
+            .authority(self.authority.clone())
+            .path_and_query(pq)
+            .build()
+            .map_err(|_| Error::BadPath)
+    }
+}
+
+fn client(connect_timeout: Duration, pool: usize) -> HttpClient {
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    http.set_connect_timeout(Some(connect_timeout));
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = match HttpsConnectorBuilder::new().with_provider_and_webpki_roots(provider) {
+        Ok(b) => b,
+        // ring supports the safe default protocol versions, so this arm is not expected.
+        Err(_) => HttpsConnectorBuilder::new().with_webpki_roots(),
+    };
+    let connector = builder
+        .https_or_http()
+        .enable_http1()
+        .enable_http2()
+        .wrap_connector(http);
+    Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(pool)
+        .pool_idle_timeout(Duration::from_secs(90))
+        .build(connector)
+}
+
+/// The innermost service: forwards to the routed upstream.
+#[derive(Clone)]
+pub struct Service {
+    tenant_header: Option<HeaderName>,
+}
+
+impl Service {
+    /// `tenant_header`: the sidecar header to strip, if configured.
+    pub fn new(tenant_header: Option<HeaderName>) -> Self {
+        Self { tenant_header }
+    }
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+impl tower::Service<Request<Bytes>> for Service {
+    type Response = Response<ResponseBody>;
+    type Error = crate::Error;
+    type Future = BoxFuture<Result<Response<ResponseBody>, crate::Error>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), crate::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<Bytes>) -> Self::Future {
+        let (mut parts, body) = req.into_parts();
+        let ext = &parts.extensions;
+        let (Some(route), Some(identity)) = (ext.get::<Route>(), ext.get::<Identity>()) else {
+            return Box::pin(std::future::ready(Err(crate::Error::Internal(
+                "request reached upstream without route or identity",
+            ))));
+        };
+        let upstream = route.upstream.clone();
+        let queue_ms = ext.get::<QueueMs>().copied().unwrap_or_default();
+        let uri = match upstream.target(&parts.uri) {
+            Ok(uri) => uri,
+            Err(e) => return Box::pin(std::future::ready(Err(e.into()))),
+        };
+        let auth = identity
+            .tenant
+            .upstream_key
+            .clone()
+            .or_else(|| upstream.api_key.clone());
+        headers::for_upstream(&mut parts.headers, self.tenant_header.as_ref());
+        if let Some(auth) = auth {
+            parts.headers.insert(http::header::AUTHORIZATION, auth);
+        }
+        let mut out = Request::new(Full::new(body));
+        *out.method_mut() = parts.method;
+        *out.uri_mut() = uri;
+        *out.version_mut() = Version::HTTP_11;
+        *out.headers_mut() = parts.headers;
+        let fut = upstream.client.request(out);
+        Box::pin(async move {
+            let res = match tokio::time::timeout(upstream.first_byte_timeout, fut).await {
+                Err(_) => {
+                    let e = Error::Timeout(upstream.name.clone(), upstream.first_byte_timeout);
+                    return Err(e.into());
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(upstream = %upstream.name, error = %e, "upstream request failed");
+                    return Err(if e.is_connect() {
+                        Error::Unavailable(upstream.name.clone()).into()
+                    } else {
+                        Error::Failed(upstream.name.clone()).into()
+                    });
+                }
+                Ok(Ok(res)) => res,
+            };
+            let (mut head, body) = res.into_parts();
+            headers::strip_hop_by_hop(&mut head.headers);
+            head.headers
+                .insert(QUEUE_MS_HEADER, HeaderValue::from(queue_ms.0));
+            let body = ResponseBody::upstream(idle::IdleTimeout::new(body, upstream.idle_timeout));
+            Ok(Response::from_parts(head, body))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn upstream(base_url: &str) -> Upstream {
+        let cfg: UpstreamConfig = toml::from_str(&format!(
+            "name = \"u\"\nbase_url = \"{base_url}\"\nmodels = [\"gpt-*\", \"exact\"]\n"
+        ))
+        .unwrap();
+        Upstream::from_config(&cfg, 0, |_| None).unwrap()
+    }
+
+    #[test]
+    fn target_joins_base_and_keeps_query() {
+        let u = upstream("https://api.example.com/v1/");
+        let t = u
+            .target(&"/v1/chat/completions?a=1".parse().unwrap())
+            .unwrap();
+        assert_eq!(
+            t.to_string(),
+            "https://api.example.com/v1/chat/completions?a=1"
+        );
+        let u = upstream("http://127.0.0.1:9000");
+        let t = u.target(&"/v1/embeddings".parse().unwrap()).unwrap();
+        assert_eq!(t.to_string(), "http://127.0.0.1:9000/embeddings");
+        assert!(u.target(&"/other".parse().unwrap()).is_err());
+    }
+
+    #[test]
+    fn router_first_match_wins() {
+        let a = Arc::new(upstream("http://a/v1"));
+        let mut b = upstream("http://b/v1");
+        b.name = "b".into();
+        b.models = vec!["*".into()];
+        let router = crate::route::Router::new(vec![a, Arc::new(b)]);
+        assert_eq!(router.route("gpt-4o").unwrap().index, 0);
+        assert_eq!(router.route("exact").unwrap().index, 0);
+        assert_eq!(router.route("claude").unwrap().index, 1);
+    }
+
+    #[test]
+    fn missing_upstream_env_names_the_key() {
+        let cfg: UpstreamConfig =
+            toml::from_str("name = \"u\"\nbase_url = \"http://a/v1\"\napi_key_env = \"NOPE_X\"\n")
+                .unwrap();
+        let e = Upstream::from_config(&cfg, 2, |_| None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("upstreams[2].api_key_env") && e.contains("NOPE_X"),
+            "{e}"
+        );
+    }
+}
