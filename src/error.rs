@@ -20,6 +20,10 @@ pub trait ApiError: std::error::Error {
     fn kind(&self) -> &'static str;
     /// OpenAI's `error.code`, e.g. `invalid_api_key`.
     fn code(&self) -> &'static str;
+    /// Extra response headers (e.g. `Retry-After`, `x-fairgate-limit`).
+    fn headers(&self) -> Vec<(header::HeaderName, HeaderValue)> {
+        Vec::new()
+    }
 }
 
 /// Any error a request can end with: one variant per stage.
@@ -34,6 +38,9 @@ pub enum Error {
     /// No route for the request.
     #[error(transparent)]
     Route(#[from] crate::route::Error),
+    /// The fair queue refused or could not grant the request.
+    #[error(transparent)]
+    Queue(#[from] crate::queue::QueueError),
     /// The upstream could not be reached or timed out.
     #[error(transparent)]
     Upstream(#[from] crate::upstream::Error),
@@ -51,6 +58,7 @@ impl Error {
             Error::Tenant(e) => of(e),
             Error::Body(e) => of(e),
             Error::Route(e) => of(e),
+            Error::Queue(e) => of(e),
             Error::Upstream(e) => of(e),
             Error::Internal(_) => (
                 StatusCode::INTERNAL_SERVER_ERROR,
@@ -68,7 +76,13 @@ impl Error {
     /// Renders the error in OpenAI's shape with its status. The only place errors become HTTP.
     pub fn into_response(self) -> Response<ResponseBody> {
         let (status, kind, code) = self.parts();
-        render(status, &self.to_string(), kind, code)
+        let mut res = render(status, &self.to_string(), kind, code);
+        let extra = match &self {
+            Error::Queue(e) => e.headers(),
+            _ => Vec::new(),
+        };
+        res.headers_mut().extend(extra);
+        res
     }
 }
 

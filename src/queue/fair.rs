@@ -186,6 +186,16 @@ impl FairQueue {
     }
 }
 
+impl std::fmt::Debug for FairQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (queued, in_flight) = self.load();
+        f.debug_struct("FairQueue")
+            .field("queued", &queued)
+            .field("in_flight", &in_flight)
+            .finish()
+    }
+}
+
 impl Inner {
     /// A queue-full error with an honest Retry-After: the time the pool needs to serve what is
     /// queued ahead at its recent rate (queued × mean service time / capacity), at least 1 s.

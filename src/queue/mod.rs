@@ -14,10 +14,14 @@
 
 mod body;
 mod fair;
+mod layer;
 mod permit;
+mod pools;
 
 pub use body::PermitBody;
 pub use fair::{CostInputs, FairQueue, QueueError, QueueSettings, TenantSettings};
+pub use layer::{Layer, Service};
 pub use permit::Permit;
+pub use pools::{pools, scheduler_config, DEFAULT_OUTPUT_TOKENS};
 #[cfg(test)]
 mod tests;

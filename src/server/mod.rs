@@ -30,7 +30,8 @@ use crate::response::{BoxError, ResponseBody};
 use crate::route::Router;
 use crate::tenant::Directory;
 use crate::upstream::Upstream;
-use crate::{body, edge, health, route, tenant, upstream};
+use crate::queue::FairQueue;
+use crate::{body, edge, health, queue, route, tenant, upstream};
 
 /// Everything the stack shares, built once from a validated [`Config`].
 #[derive(Debug, Clone)]
@@ -43,6 +44,8 @@ pub struct State {
     pub upstreams: Vec<Arc<Upstream>>,
     /// Model → upstream routing.
     pub router: Arc<Router>,
+    /// One fair queue per upstream pool, indexed like `upstreams`.
+    pub pools: Arc<[Arc<FairQueue>]>,
     /// `/readyz` flag.
     pub ready: Arc<AtomicBool>,
 }
@@ -58,8 +61,10 @@ impl State {
             .enumerate()
             .map(|(i, u)| Upstream::from_config(u, i, env).map(Arc::new))
             .collect::<Result<Vec<_>, _>>()?;
+        let pools = queue::pools(&config, &tenants);
         Ok(Self {
             router: Arc::new(Router::new(upstreams.clone())),
+            pools,
             config: Arc::new(config),
             tenants,
             upstreams,
@@ -98,11 +103,10 @@ where
         })
         // Pick the upstream pool from the model: the fair queue below is per pool.
         .layer(route::Layer(state.router.clone()))
-        // ── QUEUE LAYER GOES HERE ──
-        // estimate/admission/fair queue: waits for a permit of the routed pool, inserts
-        // `upstream::QueueMs`, and attaches the permit to the response body
-        // (`ResponseBody::attach`) so it is released when the stream ends or is dropped.
-        //
+        // The fair queue of the routed pool: waits for a permit (weighted DRR in tokens), sets
+        // x-fairgate-queue-ms, and ties the permit to the response body so the pool slot lives
+        // exactly as long as the stream. After routing (queues are per pool), before upstream.
+        .layer(queue::Layer(state.pools.clone()))
         // Innermost: forward to the provider and stream the answer back.
         .service(upstream::Service::new(tenant_header))
 }

@@ -154,6 +154,11 @@ impl Directory {
         Ok(dir)
     }
 
+    /// Every configured tenant (in no particular order).
+    pub fn tenants(&self) -> impl Iterator<Item = &Arc<Tenant>> {
+        self.by_id.values()
+    }
+
     /// The sidecar header, if configured (stripped before forwarding).
     pub fn tenant_header(&self) -> Option<&HeaderName> {
         self.header.as_ref()

@@ -1,0 +1,131 @@
+//! The fair-queue stage of the tower stack: waits for a permit of the routed pool, records the
+//! time queued (`x-fairgate-queue-ms`), and ties the permit to the response body.
+//!
+//! Invariants: the permit is acquired after routing (the queue is per pool) and before the
+//! upstream call; it is released when the response body ends or is dropped, or when the request
+//! fails or is cancelled before a response exists. A client that disconnects while queued drops
+//! this future, which removes the request without charge.
+
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
+use http::{header, HeaderValue, Request, Response, StatusCode};
+
+use super::fair::{CostInputs, FairQueue, QueueError};
+use crate::body::Parsed;
+use crate::error::{ApiError, Error};
+use crate::response::ResponseBody;
+use crate::route::Route;
+use crate::tenant::Identity;
+use crate::upstream::QueueMs;
+
+/// Holds the pools' queues, indexed like `[[upstreams]]`.
+#[derive(Clone)]
+pub struct Layer(pub Arc<[Arc<FairQueue>]>);
+
+impl<S> tower::Layer<S> for Layer {
+    type Service = Service<S>;
+    fn layer(&self, inner: S) -> Self::Service {
+        Service {
+            pools: self.0.clone(),
+            inner,
+        }
+    }
+}
+
+/// See the module docs.
+#[derive(Clone)]
+pub struct Service<S> {
+    pools: Arc<[Arc<FairQueue>]>,
+    inner: S,
+}
+
+impl<S> tower::Service<Request<Bytes>> for Service<S>
+where
+    S: tower::Service<Request<Bytes>, Response = Response<ResponseBody>, Error = Error>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    type Response = Response<ResponseBody>;
+    type Error = Error;
+    type Future = BoxFuture<'static, Result<Self::Response, Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: Request<Bytes>) -> Self::Future {
+        // The ready clone goes into the future; a fresh clone stays for the next call.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let pools = self.pools.clone();
+        Box::pin(async move {
+            let ext = req.extensions();
+            let (Some(id), Some(route)) = (ext.get::<Identity>(), ext.get::<Route>()) else {
+                // Not a routed request (e.g. /v1/models): nothing to queue.
+                return inner.call(req).await;
+            };
+            let pool = pools
+                .get(route.index)
+                .ok_or(Error::Internal("no queue for the routed pool"))?
+                .clone();
+            let cost = cost_inputs(req.body(), ext.get::<Parsed>());
+            let tenant = id.tenant.id.clone();
+            let permit = pool.acquire(&tenant, id.class, id.recovery, cost).await?;
+            req.extensions_mut()
+                .insert(QueueMs(permit.waited().as_millis() as u64));
+            let mut res = inner.call(req).await?;
+            res.body_mut().attach(Box::new(permit));
+            Ok(res)
+        })
+    }
+}
+
+/// A first estimate until the estimation stage exists: ~4 bytes per input token, plus the
+/// request's output cap (or the pool default, applied at dispatch).
+fn cost_inputs(body: &Bytes, parsed: Option<&Parsed>) -> CostInputs {
+    CostInputs {
+        input_tokens: (body.len() as u64).div_ceil(4),
+        max_output_tokens: parsed.and_then(|p| p.max_tokens),
+    }
+}
+
+impl ApiError for QueueError {
+    fn status(&self) -> StatusCode {
+        match self {
+            QueueError::UnknownTenant => StatusCode::SERVICE_UNAVAILABLE,
+            _ => StatusCode::TOO_MANY_REQUESTS,
+        }
+    }
+    fn kind(&self) -> &'static str {
+        match self {
+            QueueError::UnknownTenant => "server_error",
+            _ => "requests",
+        }
+    }
+    fn code(&self) -> &'static str {
+        match self {
+            QueueError::UnknownTenant => "tenant_not_ready",
+            _ => "rate_limit_exceeded",
+        }
+    }
+    fn headers(&self) -> Vec<(header::HeaderName, HeaderValue)> {
+        let retry_after = match self {
+            QueueError::TenantFull { retry_after } | QueueError::PoolFull { retry_after } => {
+                retry_after
+            }
+            QueueError::UnknownTenant => return Vec::new(),
+        };
+        vec![
+            (header::RETRY_AFTER, HeaderValue::from(retry_after.as_secs())),
+            (
+                header::HeaderName::from_static("x-fairgate-limit"),
+                HeaderValue::from_static("queue"),
+            ),
+        ]
+    }
+}

@@ -1,0 +1,58 @@
+//! Builds one [`FairQueue`] per `[[upstreams]]` entry from the configuration.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::fair::{FairQueue, QueueSettings, TenantSettings};
+use crate::config::{self, Config};
+use crate::domain::{Tokens, Weight};
+use crate::scheduler;
+use crate::tenant::Directory;
+
+/// Output tokens assumed for a request that names no cap, until estimates are learned.
+pub const DEFAULT_OUTPUT_TOKENS: u64 = 512;
+
+/// The scheduler settings of one pool of `max_concurrency` slots.
+pub fn scheduler_config(s: &config::SchedulerConfig, max_concurrency: usize) -> scheduler::Config {
+    let weight = |w: u32| Weight::new(f64::from(w)).unwrap_or(Weight::ONE);
+    scheduler::Config {
+        policy: match s.policy {
+            config::Policy::Drr => scheduler::Policy::Drr,
+            config::Policy::Fifo => scheduler::Policy::Fifo,
+        },
+        quantum: Tokens(s.quantum),
+        capacity: u32::try_from(max_concurrency).unwrap_or(u32::MAX),
+        reserved_slots: u32::try_from(s.reserved_slots).unwrap_or(u32::MAX),
+        max_queued: s.max_queued,
+        class_weights: (weight(s.classes.interactive), weight(s.classes.batch)),
+        batch_max_wait: Duration::from_millis(s.batch_max_wait_ms),
+    }
+}
+
+/// One queue per upstream pool, each knowing every tenant.
+pub fn pools(config: &Config, tenants: &Directory) -> Arc<[Arc<FairQueue>]> {
+    let specs: Vec<_> = tenants
+        .tenants()
+        .map(|t| {
+            let spec = TenantSettings {
+                weight: t.weight,
+                max_concurrency: t
+                    .max_concurrency
+                    .map(|c| u32::try_from(c).unwrap_or(u32::MAX)),
+                max_queued: t.max_queued,
+            };
+            (t.id.clone(), spec)
+        })
+        .collect();
+    config
+        .upstreams
+        .iter()
+        .map(|u| {
+            let settings = QueueSettings {
+                scheduler: scheduler_config(&config.scheduler, u.max_concurrency),
+                default_output_tokens: DEFAULT_OUTPUT_TOKENS,
+            };
+            FairQueue::new(settings, &specs)
+        })
+        .collect()
+}
