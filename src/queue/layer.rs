@@ -121,7 +121,10 @@ impl ApiError for QueueError {
             QueueError::UnknownTenant => return Vec::new(),
         };
         vec![
-            (header::RETRY_AFTER, HeaderValue::from(retry_after.as_secs())),
+            (
+                header::RETRY_AFTER,
+                HeaderValue::from(retry_after.as_secs()),
+            ),
             (
                 header::HeaderName::from_static("x-fairgate-limit"),
                 HeaderValue::from_static("queue"),

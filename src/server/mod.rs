@@ -26,11 +26,11 @@ use tokio::task::{JoinHandle, JoinSet};
 use tower::ServiceBuilder;
 
 use crate::config::{Config, ConfigError};
+use crate::queue::FairQueue;
 use crate::response::{BoxError, ResponseBody};
 use crate::route::Router;
 use crate::tenant::Directory;
 use crate::upstream::Upstream;
-use crate::queue::FairQueue;
 use crate::{body, edge, health, queue, route, tenant, upstream};
 
 /// Everything the stack shares, built once from a validated [`Config`].
@@ -130,6 +130,8 @@ pub enum StartError {
 pub struct ServerHandle {
     /// The bound address.
     pub addr: SocketAddr,
+    /// The pools' fair queues (for introspection: loads, tests).
+    pub pools: Arc<[Arc<FairQueue>]>,
     stop: watch::Sender<bool>,
     join: JoinHandle<()>,
 }
@@ -154,6 +156,7 @@ pub async fn start(config: Config, listener: TcpListener) -> Result<ServerHandle
         None => None,
     };
     let state = State::new(config)?;
+    let pools = state.pools.clone();
     let grace = Duration::from_millis(state.config.server.shutdown_grace_ms);
     let service = TowerToHyperService::new(stack::<hyper::body::Incoming>(&state));
     let mut builder = auto::Builder::new(TokioExecutor::new());
@@ -220,7 +223,12 @@ pub async fn start(config: Config, listener: TcpListener) -> Result<ServerHandle
         }
         conns.shutdown().await;
     });
-    Ok(ServerHandle { addr, stop, join })
+    Ok(ServerHandle {
+        addr,
+        pools,
+        stop,
+        join,
+    })
 }
 
 /// `fairgate serve`: binds `[server] listen`, serves until SIGTERM/SIGINT, then drains.
