@@ -52,3 +52,36 @@ pub fn block_on<E: std::fmt::Display>(
         }
     }
 }
+
+/// `fairgate simulate FILE [--policy drr|fifo] [--json]`: runs the scenario through the
+/// scheduler on a virtual clock and prints the per-tenant report.
+pub fn simulate(path: &Path, policy: Option<crate::scheduler::Policy>, json: bool) -> ExitCode {
+    let scenario = match crate::sim::Scenario::load(path) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let policies = match policy {
+        Some(p) => vec![p],
+        None => vec![crate::scheduler::Policy::Fifo, crate::scheduler::Policy::Drr],
+    };
+    for p in policies {
+        let report = crate::sim::run(&scenario, p);
+        if json {
+            println!("{}", serde_json::to_string(&report).unwrap_or_default());
+        } else {
+            println!("{report}");
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+/// `fairgate demo`: FIFO against DRR on the bundled mock upstream.
+pub fn demo(args: &crate::demo::DemoArgs) -> ExitCode {
+    block_on(async {
+        crate::demo::run(args).await?;
+        Ok::<(), crate::demo::DemoError>(())
+    })
+}

@@ -30,6 +30,27 @@ enum Command {
     },
     /// Run the bundled OpenAI-compatible mock upstream.
     MockUpstream(fairgate::mock::MockArgs),
+    /// Run a scenario file through the real scheduler on a virtual clock (FIFO and DRR, or one).
+    Simulate {
+        /// Scenario file (see scenarios/).
+        file: PathBuf,
+        /// Only this policy.
+        #[arg(long, value_parser = parse_policy)]
+        policy: Option<fairgate::scheduler::Policy>,
+        /// One JSON report per line instead of tables.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show FIFO against fair scheduling on the bundled mock upstream (about half a minute).
+    Demo(fairgate::demo::DemoArgs),
+}
+
+fn parse_policy(s: &str) -> Result<fairgate::scheduler::Policy, String> {
+    match s {
+        "drr" => Ok(fairgate::scheduler::Policy::Drr),
+        "fifo" => Ok(fairgate::scheduler::Policy::Fifo),
+        other => Err(format!("unknown policy `{other}` (drr | fifo)")),
+    }
 }
 
 fn init_tracing() {
@@ -47,5 +68,7 @@ fn main() -> ExitCode {
         }
         Command::Check { config } => fairgate::cli::check(&config),
         Command::MockUpstream(args) => fairgate::cli::block_on(fairgate::mock::run_cli(args)),
+        Command::Simulate { file, policy, json } => fairgate::cli::simulate(&file, policy, json),
+        Command::Demo(args) => fairgate::cli::demo(&args),
     }
 }
