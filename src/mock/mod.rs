@@ -16,6 +16,7 @@ mod body;
 mod cli;
 mod format;
 mod handlers;
+mod reply;
 mod request;
 mod sse;
 mod stats;
@@ -34,7 +35,7 @@ use tokio::task::JoinHandle;
 
 pub use body::MockBody;
 pub use cli::{run_cli, MockArgs};
-pub use handlers::{DEFAULT_EMBEDDING_DIMS, MAX_BODY_BYTES};
+pub use reply::{DEFAULT_EMBEDDING_DIMS, MAX_BODY_BYTES};
 pub use request::{HARD_CAP, MAX_TOKENS_CAP};
 pub use stats::{MockStats, SEEN_CAPACITY};
 
@@ -90,7 +91,7 @@ impl MockServer {
         let listener = TcpListener::bind(listen).await?;
         let addr = listener.local_addr()?;
         let stats = Arc::new(MockStats::default());
-        let shared = Arc::new(handlers::Shared::new(cfg, Arc::clone(&stats)));
+        let shared = Arc::new(reply::Shared::new(cfg, Arc::clone(&stats)));
         let (stop, stopped) = watch::channel(());
         let accept = tokio::spawn(accept_loop(listener, shared, stopped));
         Ok(MockServer {
@@ -117,7 +118,7 @@ impl MockServer {
 
 async fn accept_loop(
     listener: TcpListener,
-    shared: Arc<handlers::Shared>,
+    shared: Arc<reply::Shared>,
     mut stopped: watch::Receiver<()>,
 ) {
     let builder = Arc::new(auto::Builder::new(TokioExecutor::new()));
