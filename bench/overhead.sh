@@ -11,6 +11,7 @@
 #   TARGETS=direct,nginx,fairgate   which rows to run
 #   THREADS=2 CONNS=64 DURATION=10s wrk settings   WARMUP=2s  (0 to skip)
 #   SKIP_BUILD=1                    reuse target/release/fairgate as is
+#   FAIRGATE_BIN=path               use another fairgate binary (implies nothing about SKIP_BUILD)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -19,7 +20,7 @@ THREADS="${THREADS:-2}"
 CONNS="${CONNS:-64}"
 DURATION="${DURATION:-10s}"
 WARMUP="${WARMUP:-2s}"
-BIN="$ROOT/target/release/fairgate"
+BIN="${FAIRGATE_BIN:-$ROOT/target/release/fairgate}"
 LUA="$ROOT/bench/chat.lua"
 
 WORK="$(mktemp -d -t fairgate-bench.XXXXXX)"
@@ -72,13 +73,15 @@ free_port() {
     exit 1
 }
 
-# Waits (at most 15 s) until something accepts connections on the port.
+# Waits (at most 15 s) until something accepts connections on the port; fails fast if the
+# process that should listen (the last one started) has exited.
 wait_port() {
-    local port=$1 name=$2 i
+    local port=$1 name=$2 pid=${PIDS[-1]} i
     for i in $(seq 1 150); do
         if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
             return 0
         fi
+        kill -0 "$pid" 2>/dev/null || break
         sleep 0.1
     done
     log "$name did not start listening on 127.0.0.1:$port (logs in $WORK)"
