@@ -6,6 +6,17 @@
 //! request with `x-mock-*` headers (see `request.rs`) so tests can make actual cost differ from
 //! estimates, time out, see 5xx/429, or have a stream cut mid-way.
 //!
+//! Per-request knobs:
+//! - output length: header `x-mock-output-tokens: N`, else body `"mock_output_tokens": N`, else
+//!   `max_tokens` / `max_completion_tokens` / `max_output_tokens` (capped at [`MAX_TOKENS_CAP`]),
+//!   else [`MockConfig::default_output_tokens`]; always at most `max_tokens` when given.
+//! - `x-mock-delay-ms: N` extra delay before the head; `x-mock-token-delay-ms: N` replaces
+//!   [`MockConfig::per_token`]; `x-mock-status: N` answers N with an OpenAI-shaped error (429s
+//!   carry the retry headers); `x-mock-abort-after: N` sends at most N SSE frames (never the
+//!   last) then cuts the connection (counted in [`MockStats::aborted`], not `cancelled`).
+//!
+//! Prompt tokens are ceil(bytes of message content / prompt / input text ÷ 4), at least 1.
+//!
 //! Invariants:
 //! - Binds exactly the address given; [`MockServer::start`] returns once it is listening.
 //! - Beyond `max_concurrency` admitted requests in flight, answers 429 at once (not in flight).
