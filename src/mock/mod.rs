@@ -33,6 +33,8 @@ mod sse;
 mod stats;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_openai;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
