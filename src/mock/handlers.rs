@@ -12,69 +12,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{HeaderValue, CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER};
+use http::header::{HeaderValue, CACHE_CONTROL};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 
 use super::body::MockBody;
 use super::format::{self, Reply};
-use super::request::{EmbeddingsRequest, MockRequest, Overrides};
+use super::reply::{embeddings, error, respond, status_error, Shared, JSON, MAX_BODY_BYTES};
+use super::request::{MockRequest, Overrides};
 use super::sse::SseStream;
-use super::stats::{InFlightGuard, MockStats};
-use super::MockConfig;
-
-/// Largest request body the mock reads.
-pub const MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
-/// Dimensions of an embedding when the request does not choose (`dimensions` caps at 4096).
-pub const DEFAULT_EMBEDDING_DIMS: usize = 16;
-
-const JSON: &str = "application/json";
-
-/// State shared by every connection of one mock server; built once at start.
-#[derive(Debug)]
-pub(crate) struct Shared {
-    pub cfg: MockConfig,
-    pub stats: Arc<MockStats>,
-    models: Bytes,
-    too_many: Bytes,
-    retry_after: HeaderValue,
-    retry_after_ms: HeaderValue,
-}
-
-impl Shared {
-    pub fn new(cfg: MockConfig, stats: Arc<MockStats>) -> Self {
-        let secs = cfg.retry_after.as_millis().div_ceil(1000).max(1);
-        let too_many = format::error_json(
-            "mock upstream: too many concurrent requests",
-            "rate_limit_exceeded",
-            Some("rate_limit_exceeded"),
-        );
-        Shared {
-            models: format::models_json(&cfg.models).into(),
-            too_many: too_many.into(),
-            retry_after: HeaderValue::from(secs as u64),
-            retry_after_ms: HeaderValue::from(cfg.retry_after.as_millis() as u64),
-            cfg,
-            stats,
-        }
-    }
-
-    fn default_model(&self) -> &str {
-        self.cfg.models.first().map_or("mock", String::as_str)
-    }
-
-    fn rate_limited(&self, body: MockBody) -> Response<MockBody> {
-        let mut resp = respond(StatusCode::TOO_MANY_REQUESTS, JSON, body);
-        let h = resp.headers_mut();
-        h.insert(RETRY_AFTER, self.retry_after.clone());
-        h.insert("retry-after-ms", self.retry_after_ms.clone());
-        h.insert(
-            "x-ratelimit-remaining-requests",
-            HeaderValue::from_static("0"),
-        );
-        resp
-    }
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Endpoint {
@@ -83,25 +29,6 @@ enum Endpoint {
     Embeddings,
     Responses,
     Models,
-}
-
-fn respond(status: StatusCode, content_type: &'static str, body: MockBody) -> Response<MockBody> {
-    let mut resp = Response::new(body);
-    *resp.status_mut() = status;
-    resp.headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
-    resp
-}
-
-fn error(
-    status: StatusCode,
-    message: &str,
-    kind: &str,
-    code: &str,
-    guard: Option<InFlightGuard>,
-) -> Response<MockBody> {
-    let body = format::error_json(message, kind, Some(code));
-    respond(status, JSON, MockBody::full(body, guard))
 }
 
 /// The mock's whole service: never fails, answers every request.
@@ -311,41 +238,4 @@ async fn wait(delay: Duration) {
     if !delay.is_zero() {
         tokio::time::sleep(delay).await;
     }
-}
-
-fn status_error(shared: &Shared, status: StatusCode, guard: InFlightGuard) -> Response<MockBody> {
-    let msg = format!("mock upstream: x-mock-status {}", status.as_u16());
-    let (kind, code) = match status.as_u16() {
-        429 => ("rate_limit_exceeded", "rate_limit_exceeded"),
-        400..=499 => ("invalid_request_error", "mock_status"),
-        _ => ("server_error", "mock_status"),
-    };
-    let body = MockBody::full(format::error_json(&msg, kind, Some(code)), Some(guard));
-    if status == StatusCode::TOO_MANY_REQUESTS {
-        return shared.rate_limited(body);
-    }
-    respond(status, JSON, body)
-}
-
-fn embeddings(shared: &Shared, bytes: &[u8], guard: InFlightGuard) -> Response<MockBody> {
-    let req = match serde_json::from_slice::<EmbeddingsRequest>(bytes) {
-        Ok(req) => req,
-        Err(_) => {
-            let msg = "'input' must be a string, an array of strings, or token arrays";
-            return error(
-                StatusCode::BAD_REQUEST,
-                msg,
-                "invalid_request_error",
-                "invalid_input",
-                Some(guard),
-            );
-        }
-    };
-    let (seeds, prompt) = req.input.seeds_and_prompt();
-    let dims = req
-        .dimensions
-        .map_or(DEFAULT_EMBEDDING_DIMS, |d| d.clamp(1, 4096) as usize);
-    let model = req.model.as_deref().unwrap_or(shared.default_model());
-    let body = format::embeddings_json(model, &seeds, dims, prompt);
-    respond(StatusCode::OK, JSON, MockBody::full(body, Some(guard)))
 }

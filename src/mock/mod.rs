@@ -6,6 +6,17 @@
 //! request with `x-mock-*` headers (see `request.rs`) so tests can make actual cost differ from
 //! estimates, time out, see 5xx/429, or have a stream cut mid-way.
 //!
+//! Per-request knobs:
+//! - output length: header `x-mock-output-tokens: N`, else body `"mock_output_tokens": N`, else
+//!   `max_tokens` / `max_completion_tokens` / `max_output_tokens` (capped at [`MAX_TOKENS_CAP`]),
+//!   else [`MockConfig::default_output_tokens`]; always at most `max_tokens` when given.
+//! - `x-mock-delay-ms: N` extra delay before the head; `x-mock-token-delay-ms: N` replaces
+//!   [`MockConfig::per_token`]; `x-mock-status: N` answers N with an OpenAI-shaped error (429s
+//!   carry the retry headers); `x-mock-abort-after: N` sends at most N SSE frames (never the
+//!   last) then cuts the connection (counted in [`MockStats::aborted`], not `cancelled`).
+//!
+//! Prompt tokens are ceil(bytes of message content / prompt / input text ÷ 4), at least 1.
+//!
 //! Invariants:
 //! - Binds exactly the address given; [`MockServer::start`] returns once it is listening.
 //! - Beyond `max_concurrency` admitted requests in flight, answers 429 at once (not in flight).
@@ -16,11 +27,14 @@ mod body;
 mod cli;
 mod format;
 mod handlers;
+mod reply;
 mod request;
 mod sse;
 mod stats;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_openai;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -34,7 +48,7 @@ use tokio::task::JoinHandle;
 
 pub use body::MockBody;
 pub use cli::{run_cli, MockArgs};
-pub use handlers::{DEFAULT_EMBEDDING_DIMS, MAX_BODY_BYTES};
+pub use reply::{DEFAULT_EMBEDDING_DIMS, MAX_BODY_BYTES};
 pub use request::{HARD_CAP, MAX_TOKENS_CAP};
 pub use stats::{MockStats, SEEN_CAPACITY};
 
@@ -90,7 +104,7 @@ impl MockServer {
         let listener = TcpListener::bind(listen).await?;
         let addr = listener.local_addr()?;
         let stats = Arc::new(MockStats::default());
-        let shared = Arc::new(handlers::Shared::new(cfg, Arc::clone(&stats)));
+        let shared = Arc::new(reply::Shared::new(cfg, Arc::clone(&stats)));
         let (stop, stopped) = watch::channel(());
         let accept = tokio::spawn(accept_loop(listener, shared, stopped));
         Ok(MockServer {
@@ -117,7 +131,7 @@ impl MockServer {
 
 async fn accept_loop(
     listener: TcpListener,
-    shared: Arc<handlers::Shared>,
+    shared: Arc<reply::Shared>,
     mut stopped: watch::Receiver<()>,
 ) {
     let builder = Arc::new(auto::Builder::new(TokioExecutor::new()));

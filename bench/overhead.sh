@@ -1,0 +1,198 @@
+#!/usr/bin/env bash
+# Proxy-overhead benchmark: how much does fairgate cost compared with nginx as a plain reverse
+# proxy, both in front of the same zero-latency mock upstream?
+#
+# Runs wrk (bench/chat.lua: ~1.2 KB chat body, 16 rotating tenant keys) three ways, one after the
+# other: direct to the mock, through nginx, through fairgate (16 tenants, policy drr, pool of 1024
+# so the queue never limits). Prints a markdown table and the fairgate/nginx ratios.
+# Everything binds 127.0.0.1 and everything started here is stopped on exit.
+#
+# Environment knobs:
+#   TARGETS=direct,nginx,fairgate   which rows to run
+#   THREADS=2 CONNS=64 DURATION=10s wrk settings   WARMUP=2s  (0 to skip)
+#   SKIP_BUILD=1                    reuse target/release/fairgate as is
+#   FAIRGATE_BIN=path               use another fairgate binary (implies nothing about SKIP_BUILD)
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+TARGETS="${TARGETS:-direct,nginx,fairgate}"
+THREADS="${THREADS:-2}"
+CONNS="${CONNS:-64}"
+DURATION="${DURATION:-10s}"
+WARMUP="${WARMUP:-2s}"
+BIN="${FAIRGATE_BIN:-$ROOT/target/release/fairgate}"
+LUA="$ROOT/bench/chat.lua"
+
+WORK="$(mktemp -d -t fairgate-bench.XXXXXX)"
+chmod 755 "$WORK"
+PIDS=()
+
+cleanup() {
+    local pid
+    for pid in "${PIDS[@]}"; do
+        kill "$pid" 2>/dev/null || true
+    done
+    for pid in "${PIDS[@]}"; do
+        wait "$pid" 2>/dev/null || true
+    done
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+log() { echo "[overhead] $*" >&2; }
+want() { [[ ",$TARGETS," == *",$1,"* ]]; }
+
+need_tools() {
+    local missing=()
+    command -v wrk >/dev/null || missing+=(wrk)
+    if want nginx && ! command -v nginx >/dev/null && [ ! -x /usr/sbin/nginx ]; then
+        missing+=(nginx)
+    fi
+    [ ${#missing[@]} -eq 0 ] && return
+    log "installing ${missing[*]}"
+    if [ "$(id -u)" -ne 0 ]; then
+        log "need root to apt-get install ${missing[*]}"
+        exit 1
+    fi
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+}
+
+# A loopback port nothing listens on (bounded tries).
+free_port() {
+    local port tries
+    for tries in $(seq 1 200); do
+        port=$((20000 + RANDOM % 40000))
+        if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+            echo "$port"
+            return
+        fi
+    done
+    log "no free port found"
+    exit 1
+}
+
+# Waits (at most 15 s) until something accepts connections on the port; fails fast if the
+# process that should listen (the last one started) has exited.
+wait_port() {
+    local port=$1 name=$2 pid=${PIDS[-1]} i
+    for i in $(seq 1 150); do
+        if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+            return 0
+        fi
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    log "$name did not start listening on 127.0.0.1:$port (logs in $WORK)"
+    return 1
+}
+
+start_mock() {
+    MOCK_PORT="$(free_port)"
+    "$BIN" mock-upstream --listen "127.0.0.1:$MOCK_PORT" >"$WORK/mock.log" 2>&1 &
+    PIDS+=($!)
+    wait_port "$MOCK_PORT" "mock upstream"
+}
+
+start_nginx() {
+    NGINX_PORT="$(free_port)"
+    local user=""
+    [ "$(id -u)" -eq 0 ] && user="user root;"
+    sed -e "s|__USER__|$user|" -e "s|__WORK__|$WORK|g" \
+        -e "s|__NGINX_PORT__|$NGINX_PORT|" -e "s|__MOCK_PORT__|$MOCK_PORT|" \
+        "$ROOT/bench/nginx.conf.tmpl" >"$WORK/nginx.conf"
+    local nginx
+    nginx="$(command -v nginx || echo /usr/sbin/nginx)"
+    "$nginx" -p "$WORK" -c "$WORK/nginx.conf" >"$WORK/nginx.log" 2>&1 &
+    PIDS+=($!)
+    wait_port "$NGINX_PORT" nginx
+}
+
+start_fairgate() {
+    FAIRGATE_PORT="$(free_port)"
+    {
+        printf '[server]\nlisten = "127.0.0.1:%s"\n\n' "$FAIRGATE_PORT"
+        printf '[scheduler]\npolicy = "drr"\nquantum = 4096\n\n'
+        printf '[[upstreams]]\nname = "mock"\nbase_url = "http://127.0.0.1:%s/v1"\n' "$MOCK_PORT"
+        printf 'max_concurrency = 1024\nmodels = ["*"]\n'
+        for i in $(seq 0 15); do
+            printf '\n[[tenants]]\nid = "bench-%s"\napi_keys = ["fg-bench-%s"]\n' "$i" "$i"
+        done
+    } >"$WORK/fairgate.toml"
+    "$BIN" serve --config "$WORK/fairgate.toml" >"$WORK/fairgate.log" 2>&1 &
+    PIDS+=($!)
+    wait_port "$FAIRGATE_PORT" fairgate || {
+        sed 's/^/[fairgate] /' "$WORK/fairgate.log" >&2
+        return 1
+    }
+}
+
+# Runs wrk against a URL; prints the FG_RESULT line.
+run_wrk() {
+    local name=$1 url=$2
+    if [ "$WARMUP" != "0" ]; then
+        wrk -t"$THREADS" -c"$CONNS" -d"$WARMUP" -s "$LUA" "$url" >/dev/null
+    fi
+    log "$name: wrk -t$THREADS -c$CONNS -d$DURATION --latency -s bench/chat.lua $url"
+    wrk -t"$THREADS" -c"$CONNS" -d"$DURATION" --latency -s "$LUA" "$url" | tee "$WORK/wrk-$name.txt" >&2
+    grep '^FG_RESULT' "$WORK/wrk-$name.txt"
+}
+
+field() { sed -n "s/.* $2=\([^ ]*\).*/\1/p" <<<"$1"; }
+
+declare -A RESULT
+row() {
+    local name=$1 r=${RESULT[$1]:-}
+    if [ -z "$r" ]; then
+        printf '| %s | pending | pending | pending | pending | - |\n' "$name"
+        return
+    fi
+    printf '| %s | %.0f | %s | %s | %s | %s |\n' "$name" "$(field "$r" rps)" \
+        "$(field "$r" p50_ms)" "$(field "$r" p90_ms)" "$(field "$r" p99_ms)" \
+        "$(($(field "$r" non2xx) + $(field "$r" socket_errors)))"
+}
+
+main() {
+    need_tools
+    if [ "${SKIP_BUILD:-0}" != "1" ]; then
+        log "cargo build --release"
+        (cd "$ROOT" && cargo build --release --locked)
+    fi
+    [ -x "$BIN" ] || { log "missing $BIN"; exit 1; }
+
+    start_mock
+    local path="/v1/chat/completions"
+    if want direct; then
+        RESULT[direct]="$(run_wrk direct "http://127.0.0.1:$MOCK_PORT$path")"
+    fi
+    if want nginx; then
+        start_nginx
+        RESULT[nginx]="$(run_wrk nginx "http://127.0.0.1:$NGINX_PORT$path")"
+    fi
+    if want fairgate; then
+        if start_fairgate; then
+            RESULT[fairgate]="$(run_wrk fairgate "http://127.0.0.1:$FAIRGATE_PORT$path")"
+        else
+            log "fairgate serve did not start: row left pending"
+        fi
+    fi
+
+    echo
+    echo "wrk -t$THREADS -c$CONNS -d$DURATION --latency, bench/chat.lua (~1.2 KB chat, 16 keys)," \
+        "$(nproc) cores: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')"
+    echo
+    echo "| target | rps | p50 ms | p90 ms | p99 ms | errors |"
+    echo "|---|---:|---:|---:|---:|---:|"
+    local t
+    for t in direct nginx fairgate; do
+        if want "$t"; then row "$t"; fi
+    done
+    if [ -n "${RESULT[fairgate]:-}" ] && [ -n "${RESULT[nginx]:-}" ]; then
+        awk -v fr="$(field "${RESULT[fairgate]}" rps)" -v nr="$(field "${RESULT[nginx]}" rps)" \
+            -v fp="$(field "${RESULT[fairgate]}" p99_ms)" -v np="$(field "${RESULT[nginx]}" p99_ms)" \
+            'BEGIN { printf "\nfairgate/nginx: rps %.2fx, p99 %.2fx\n", fr / nr, fp / np }'
+    fi
+}
+
+main "$@"
