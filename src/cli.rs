@@ -65,7 +65,10 @@ pub fn simulate(path: &Path, policy: Option<crate::scheduler::Policy>, json: boo
     };
     let policies = match policy {
         Some(p) => vec![p],
-        None => vec![crate::scheduler::Policy::Fifo, crate::scheduler::Policy::Drr],
+        None => vec![
+            crate::scheduler::Policy::Fifo,
+            crate::scheduler::Policy::Drr,
+        ],
     };
     for p in policies {
         let report = crate::sim::run(&scenario, p);

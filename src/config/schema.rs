@@ -104,7 +104,7 @@ impl Default for SchedulerConfig {
     fn default() -> Self {
         Self {
             policy: Policy::Drr,
-            quantum: 4096,
+            quantum: 1024,
             max_queued: 10_000,
             max_queued_per_tenant: 1000,
             reserved_slots: 0,

@@ -37,7 +37,12 @@ impl Schedule {
     /// spread over the 9 s the flood takes to drain. `scale` stretches or shrinks time.
     pub fn noisy_neighbor(scale: f64) -> Self {
         let mut sends: Vec<(Duration, String)> = (0..160)
-            .map(|i| (Duration::from_millis(25 * i).mul_f64(scale), "A".to_string()))
+            .map(|i| {
+                (
+                    Duration::from_millis(25 * i).mul_f64(scale),
+                    "A".to_string(),
+                )
+            })
             .collect();
         for k in 0..20u64 {
             let at = Duration::from_millis(500 + 430 * k).mul_f64(scale);
@@ -76,10 +81,11 @@ impl Schedule {
             let client = client.clone();
             tasks.push(tokio::spawn(async move {
                 tokio::time::sleep_until(start + at).await;
-                let body = r#"{"model":"gpt-4o-mini","max_tokens":16,"messages":[{"role":"user","content":"Summarise the incident report."}]}"#;
+                let body = r#"{"model":"gpt-4o-mini","max_tokens":400,"messages":[{"role":"user","content":"Summarise the incident report."}]}"#;
                 let req = Request::post(format!("http://{addr}/v1/chat/completions"))
                     .header("content-type", "application/json")
                     .header("authorization", format!("Bearer demo-{tenant}"))
+                    .header("x-mock-output-tokens", "16")
                     .body(Full::new(Bytes::from_static(body.as_bytes())))
                     .expect("static request");
                 let sent = start.elapsed();

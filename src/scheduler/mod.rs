@@ -91,7 +91,7 @@ impl Default for Config {
     fn default() -> Self {
         Self {
             policy: Policy::Drr,
-            quantum: Tokens(4096),
+            quantum: Tokens(1024),
             capacity: 64,
             reserved_slots: 0,
             max_queued: 10_000,
