@@ -229,6 +229,9 @@ pub struct TenantConfig {
     /// Keys whose requests may use `reserved_slots` (plaintext).
     #[serde(default)]
     pub recovery_api_keys: Vec<String>,
+    /// Keys whose requests default to the batch class, whatever `priority` says (plaintext).
+    #[serde(default)]
+    pub batch_api_keys: Vec<String>,
 }
 
 impl TenantConfig {

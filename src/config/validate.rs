@@ -132,7 +132,8 @@ pub fn validate(c: &Config) -> Result<(), ConfigError> {
         env_name(key("upstream_api_key_env"), &t.upstream_api_key_env)?;
         let plain = t.api_keys.iter().map(|k| ("api_keys", k));
         let recovery = t.recovery_api_keys.iter().map(|k| ("recovery_api_keys", k));
-        for (j, (field, k)) in plain.chain(recovery).enumerate() {
+        let batch = t.batch_api_keys.iter().map(|k| ("batch_api_keys", k));
+        for (j, (field, k)) in plain.chain(recovery).chain(batch).enumerate() {
             if k.is_empty() {
                 return Err(invalid(key(field), "keys must not be empty"));
             }
@@ -158,8 +159,10 @@ pub fn validate(c: &Config) -> Result<(), ConfigError> {
                 ));
             }
         }
-        let keyless =
-            t.api_keys.is_empty() && t.api_key_sha256.is_empty() && t.recovery_api_keys.is_empty();
+        let keyless = t.api_keys.is_empty()
+            && t.api_key_sha256.is_empty()
+            && t.recovery_api_keys.is_empty()
+            && t.batch_api_keys.is_empty();
         if keyless && c.server.tenant_header.is_none() {
             return Err(invalid(
                 key("api_keys"),

@@ -99,7 +99,8 @@ pub fn parse_digest(hex_digest: &str) -> Option<[u8; 32]> {
 /// All tenants, indexed by key digest and by id.
 #[derive(Debug, Default)]
 pub struct Directory {
-    by_digest: HashMap<[u8; 32], (Arc<Tenant>, bool)>,
+    /// Key digest → (tenant, recovery key?, class the key defaults to).
+    by_digest: HashMap<[u8; 32], (Arc<Tenant>, bool, Option<Class>)>,
     by_id: HashMap<Box<str>, Arc<Tenant>>,
     header: Option<HeaderName>,
 }
@@ -140,14 +141,20 @@ impl Directory {
                 priority: t.priority,
                 upstream_key,
             });
-            let keys = t.api_keys.iter().map(|k| (digest(k.as_bytes()), false));
+            let keys = t
+                .api_keys
+                .iter()
+                .map(|k| (digest(k.as_bytes()), false, None));
             let hashed = t.api_key_sha256.iter().filter_map(|h| parse_digest(h));
             let recovery = t.recovery_api_keys.iter();
+            let batch = t.batch_api_keys.iter();
             let all = keys
-                .chain(hashed.map(|d| (d, false)))
-                .chain(recovery.map(|k| (digest(k.as_bytes()), true)));
-            for (d, is_recovery) in all {
-                dir.by_digest.insert(d, (tenant.clone(), is_recovery));
+                .chain(hashed.map(|d| (d, false, None)))
+                .chain(recovery.map(|k| (digest(k.as_bytes()), true, None)))
+                .chain(batch.map(|k| (digest(k.as_bytes()), false, Some(Class::Batch))));
+            for (d, is_recovery, class) in all {
+                dir.by_digest
+                    .insert(d, (tenant.clone(), is_recovery, class));
             }
             dir.by_id.insert(t.id.as_str().into(), tenant);
         }
@@ -176,13 +183,14 @@ impl Directory {
 
     /// Identifies the caller from request headers.
     pub fn identify(&self, headers: &HeaderMap) -> Result<Identity, Error> {
-        let (tenant, recovery) = match &self.header {
+        let (tenant, recovery, key_class) = match &self.header {
             Some(name) => {
                 let id = headers.get(name).and_then(|v| v.to_str().ok());
                 let t = id.and_then(|id| self.by_id.get(id));
                 (
                     t.ok_or_else(|| Error::UnknownTenant(name.clone()))?.clone(),
                     false,
+                    None,
                 )
             }
             None => {
@@ -190,12 +198,13 @@ impl Directory {
                     .get(header::AUTHORIZATION)
                     .and_then(|v| bearer_token(v.as_bytes()))
                     .ok_or(Error::MissingKey)?;
-                let (t, recovery) = self.by_digest.get(&digest(key)).ok_or(Error::UnknownKey)?;
-                (t.clone(), *recovery)
+                let (t, recovery, class) =
+                    self.by_digest.get(&digest(key)).ok_or(Error::UnknownKey)?;
+                (t.clone(), *recovery, *class)
             }
         };
         let class = match headers.get(PRIORITY_HEADER) {
-            None => tenant.priority,
+            None => key_class.unwrap_or(tenant.priority),
             Some(v) => v
                 .to_str()
                 .ok()
@@ -235,6 +244,7 @@ mod tests {
         let text = format!(
             "{extra}\n[[upstreams]]\nname = \"u\"\nbase_url = \"http://h/v1\"\n\
              [[tenants]]\nid = \"a\"\napi_keys = [\"ka\"]\nrecovery_api_keys = [\"ra\"]\n\
+             batch_api_keys = [\"nightly\"]\n\
              [[tenants]]\nid = \"b\"\napi_key_sha256 = [\"{}\"]\npriority = \"batch\"\n\
              upstream_api_key_env = \"B_KEY\"\n",
             hex::encode(digest(b"kb"))
@@ -274,6 +284,15 @@ mod tests {
             .identify(&headers(&[("authorization", "Bearer ra")]))
             .unwrap();
         assert!(r.recovery);
+        let n = d
+            .identify(&headers(&[("authorization", "Bearer nightly")]))
+            .unwrap();
+        assert_eq!((n.tenant.id.as_str(), n.class), ("a", Class::Batch));
+        let h = headers(&[
+            ("authorization", "Bearer nightly"),
+            (PRIORITY_HEADER, "interactive"),
+        ]);
+        assert_eq!(d.identify(&h).unwrap().class, Class::Interactive);
     }
 
     #[test]
