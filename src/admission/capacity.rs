@@ -1,9 +1,13 @@
 //! A pool's effective capacity, learned from the upstream's answers: the [`Aimd`] limiter fed by
 //! every upstream response, applied to the pool's [`FairQueue`] with `set_capacity`.
 //!
-//! - 429/503 → `on_overload` (multiplicative decrease, once per cooldown) with the wait the
-//!   upstream asked for (`retry-after-ms`, `Retry-After` seconds, else the nearest
-//!   `x-ratelimit-reset-*`); success → `on_success` (additive increase up to `max_concurrency`).
+//! - 429/503 → `on_overload` (multiplicative decrease, once per cooldown ≈ one round trip);
+//!   success → `on_success` (additive increase up to `max_concurrency`). The first overload of
+//!   a round trip only *slows* dispatch (the decrease); another one within the same round trip
+//!   (or one at the minimum limit) means the cut was not enough, and the pool is *paused* for
+//!   the wait the upstream asked for (`retry-after-ms`, `Retry-After` seconds, else the nearest
+//!   `x-ratelimit-reset-*`). Pausing on every probe's 429 would idle the whole pool for each
+//!   one-request overshoot (measured: goodput 65% of capacity instead of ~90%).
 //! - A success that says a budget is spent (`x-ratelimit-remaining-requests|tokens: 0`) pauses
 //!   until its `x-ratelimit-reset-*` without lowering the limit.
 //! - While paused, the pool's capacity is the recovery reservation only (ordinary dispatch
@@ -91,7 +95,11 @@ impl PoolCapacity {
         let now = self.now();
         let mut st = self.lock();
         if status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE {
-            st.aimd.on_overload(now, upstream_wait(headers));
+            let before = st.aimd.limit();
+            st.aimd.on_overload(now, None);
+            if let Some(wait) = upstream_wait(headers).filter(|_| st.aimd.limit() == before) {
+                st.aimd.pause(now, wait);
+            }
         } else if status.is_success() {
             st.aimd.on_success();
             if let Some(reset) = spent_until(headers) {
@@ -246,6 +254,13 @@ mod tests {
         );
         let cap = PoolCapacity::new(queue, 16, 1);
         let h = headers(&[("retry-after-ms", "300")]);
+        cap.observe(StatusCode::TOO_MANY_REQUESTS, &h);
+        assert_eq!(cap.limit(), 11);
+        assert_eq!(
+            cap.effective(),
+            11,
+            "the first overload of a round trip only slows"
+        );
         cap.observe(StatusCode::TOO_MANY_REQUESTS, &h);
         assert_eq!(cap.limit(), 11);
         assert_eq!(cap.effective(), 1, "paused: only the recovery reservation");

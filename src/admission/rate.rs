@@ -293,3 +293,86 @@ impl RateStore for MemoryStore {
             .adjust(delta, bound);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store(rpm: Option<u32>, tpm: Option<u32>) -> (MemoryStore, TenantId) {
+        let id = TenantId::new("t");
+        let limits = TenantLimits {
+            requests_per_minute: rpm,
+            tokens_per_minute: tpm,
+            burst: 1.0,
+            ..TenantLimits::default()
+        };
+        (MemoryStore::new([(id.clone(), &limits)]), id)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn request_bucket_refuses_with_the_refill_time_and_refills_over_time() {
+        let (s, t) = store(Some(6), None);
+        for left in (0..6).rev() {
+            let st = s.admit(&t, Tokens(10)).unwrap();
+            assert_eq!(st.requests.unwrap().remaining, left);
+        }
+        let Err(Refusal::Requests { retry_after, .. }) = s.admit(&t, Tokens(10)) else {
+            panic!("the seventh request in a minute is refused");
+        };
+        // One cell every 10 s.
+        assert!(retry_after > Duration::from_secs(9) && retry_after <= Duration::from_secs(10));
+        tokio::time::advance(retry_after).await;
+        assert!(s.admit(&t, Tokens(10)).is_ok());
+        assert!(s.admit(&t, Tokens(10)).is_err());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn over_estimates_are_credited_and_under_estimates_charged() {
+        let (s, t) = store(None, Some(1000));
+        s.admit(&t, Tokens(600)).unwrap();
+        // 600 of 1000 taken: a second 600 does not fit...
+        assert!(matches!(
+            s.admit(&t, Tokens(600)),
+            Err(Refusal::Tokens { .. })
+        ));
+        // ...until the first reconciles at 100 actual: 500 credited back.
+        s.reconcile(&t, Tokens(600), Tokens(100));
+        assert_eq!(s.balance(&t), Some(500));
+        s.admit(&t, Tokens(600)).unwrap();
+        assert_eq!(s.balance(&t), Some(0));
+        // Bucket empty now. After a full minute it is full again; an under-estimate of 400
+        // is charged to the next admission.
+        tokio::time::advance(Duration::from_secs(60)).await;
+        s.reconcile(&t, Tokens(100), Tokens(500));
+        let Err(Refusal::Tokens { retry_after, .. }) = s.admit(&t, Tokens(700)) else {
+            panic!("700 + 400 debt exceeds the full bucket of 1000");
+        };
+        // The debt was paid from the bucket (600 left); the request waits for 100 more (6 s).
+        assert_eq!(s.balance(&t), Some(0));
+        assert!(retry_after > Duration::from_secs(5) && retry_after <= Duration::from_secs(6));
+        tokio::time::advance(retry_after).await;
+        assert!(s.admit(&t, Tokens(700)).is_ok());
+        assert!(matches!(
+            s.admit(&t, Tokens(5000)),
+            Err(Refusal::TooLarge { burst: 1000, .. })
+        ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_refused_by_the_request_bucket_costs_no_tokens() {
+        let (s, t) = store(Some(1), Some(1000));
+        s.admit(&t, Tokens(100)).unwrap();
+        assert!(matches!(
+            s.admit(&t, Tokens(300)),
+            Err(Refusal::Requests { .. })
+        ));
+        // The 300 tokens taken from governor came back as credit.
+        assert_eq!(s.balance(&t), Some(300));
+        let (unlimited, other) = store(None, None);
+        assert!(!unlimited.limited(&other));
+        assert_eq!(
+            unlimited.admit(&other, Tokens(1 << 40)),
+            Ok(RateState::default())
+        );
+    }
+}
