@@ -38,6 +38,9 @@ pub enum Error {
     /// No route for the request.
     #[error(transparent)]
     Route(#[from] crate::route::Error),
+    /// Admission refused the request (size, deadline, rate limit).
+    #[error(transparent)]
+    Admission(#[from] crate::admission::Error),
     /// The fair queue refused or could not grant the request.
     #[error(transparent)]
     Queue(#[from] crate::queue::QueueError),
@@ -58,6 +61,7 @@ impl Error {
             Error::Tenant(e) => of(e),
             Error::Body(e) => of(e),
             Error::Route(e) => of(e),
+            Error::Admission(e) => of(e),
             Error::Queue(e) => of(e),
             Error::Upstream(e) => of(e),
             Error::Internal(_) => (
@@ -79,6 +83,7 @@ impl Error {
         let mut res = render(status, &self.to_string(), kind, code);
         let extra = match &self {
             Error::Queue(e) => e.headers(),
+            Error::Admission(e) => e.headers(),
             _ => Vec::new(),
         };
         res.headers_mut().extend(extra);

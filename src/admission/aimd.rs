@@ -77,6 +77,12 @@ impl Aimd {
         self.paused_until
     }
 
+    /// Pauses dispatch until `now + for_` without lowering the limit (the upstream said its
+    /// budget is spent until a reset, e.g. `x-ratelimit-remaining-requests: 0`).
+    pub fn pause(&mut self, now: Duration, for_: Duration) {
+        self.paused_until = self.paused_until.max(now + for_);
+    }
+
     /// A request succeeded.
     pub fn on_success(&mut self) {
         let near_wall = self.wall.is_some_and(|w| self.limit >= 0.9 * w);

@@ -1,6 +1,154 @@
-//! Admission: what may enter the fair queue at all, and how fast the pool may dispatch.
+//! Admission: what may enter the fair queue at all, and how fast a pool may dispatch.
 //!
-//! `aimd` is the pure, clock-free limiter that learns a pool's effective concurrency from the
-//! upstream's 429/503 answers; the proxy and the simulator both drive it.
+//! Two stages of the tower stack live here:
+//! - [`Layer`] (between `route` and `queue`): size caps, deadline feasibility and per-tenant
+//!   rate limits, answering 400/429 with an honest `Retry-After` before anything is queued.
+//! - [`retry::Layer`] (between `queue` and `upstream`): feeds every upstream answer to the pool's
+//!   learned capacity ([`capacity::PoolCapacity`] around the pure [`aimd::Aimd`]) and retries
+//!   429/502/503 answered before any byte reached the client, holding the permit.
+//!
+//! Rate-limit accounting (governor buckets + a signed token ledger that gives back
+//! over-estimates and charges under-estimates) is behind [`rate::RateStore`]; see `rate` and
+//! `ledger` for how a bucket that cannot refund is still charged exactly.
+//!
+//! `x-fairgate-limit` on a refusal says whose limit it was: `tenant` (its buckets), `queue`
+//! (the pool's backlog vs the deadline) or `upstream` (the provider's answer or pause).
 
 pub mod aimd;
+pub mod capacity;
+pub mod deadline;
+mod error;
+mod layer;
+pub mod ledger;
+pub mod rate;
+pub mod retry;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+pub use deadline::{Deadline, DEADLINE_HEADER};
+pub use error::{rate_headers, Error, LIMIT_HEADER};
+pub use layer::{ActualTokens, Layer, Service};
+
+use crate::body::Parsed;
+use crate::config::{Config, TenantLimits};
+use crate::domain::{TenantId, Tokens};
+use crate::queue::{FairQueue, DEFAULT_OUTPUT_TOKENS};
+use capacity::PoolCapacity;
+use rate::{MemoryStore, RateStore};
+use retry::{RetryPolicy, RetryStats};
+
+/// A request's admission-time cost estimate, in its extensions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Estimate {
+    /// Estimated input tokens.
+    pub input: u64,
+    /// Input plus the output allowance: what the token bucket is charged.
+    pub total: Tokens,
+}
+
+/// The one admission-time estimate (swap this for the estimation stage's): ~4 body bytes per
+/// input token, plus `max_tokens` or [`DEFAULT_OUTPUT_TOKENS`].
+pub fn estimate(body: &Bytes, parsed: Option<&Parsed>) -> Estimate {
+    let input = (body.len() as u64).div_ceil(4);
+    let output = parsed
+        .and_then(|p| p.max_tokens)
+        .unwrap_or(DEFAULT_OUTPUT_TOKENS);
+    Estimate {
+        input,
+        total: Tokens(input.saturating_add(output)),
+    }
+}
+
+/// Everything admission shares, built once at startup.
+pub struct Admission {
+    /// Rate-limit accounting.
+    pub store: Arc<dyn RateStore>,
+    /// Learned capacity per pool, indexed like `[[upstreams]]`.
+    pub capacity: Arc<[Arc<PoolCapacity>]>,
+    /// Retry counters.
+    pub retries: Arc<RetryStats>,
+    policy: RetryPolicy,
+    limits: HashMap<TenantId, TenantLimits>,
+    default_limits: TenantLimits,
+    pools: Arc<[Arc<FairQueue>]>,
+}
+
+impl std::fmt::Debug for Admission {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Admission")
+            .field("capacity", &self.capacity)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Admission {
+    /// Limits of every tenant, one capacity controller per pool, the in-memory store.
+    pub fn new(config: &Config, pools: Arc<[Arc<FairQueue>]>) -> Arc<Self> {
+        let limits: HashMap<_, _> = config
+            .tenants
+            .iter()
+            .map(|t| (TenantId::new(t.id.as_str()), t.effective_limits(config)))
+            .collect();
+        let store = Arc::new(MemoryStore::new(limits.iter().map(|(k, v)| (k.clone(), v))));
+        let reserved = u32::try_from(config.scheduler.reserved_slots).unwrap_or(u32::MAX);
+        let capacity = config
+            .upstreams
+            .iter()
+            .zip(pools.iter())
+            .map(|(u, q)| {
+                let max = u32::try_from(u.max_concurrency).unwrap_or(u32::MAX);
+                PoolCapacity::new(q.clone(), max, reserved)
+            })
+            .collect();
+        let a = &config.admission;
+        Arc::new(Self {
+            store,
+            capacity,
+            retries: Arc::default(),
+            policy: RetryPolicy::from_config(a),
+            limits,
+            default_limits: TenantLimits {
+                burst: 1.0,
+                max_input_tokens: a.max_input_tokens,
+                max_output_tokens: a.max_output_tokens,
+                max_queue_wait_ms: a.max_queue_wait_ms,
+                ..TenantLimits::default()
+            },
+            pools,
+        })
+    }
+
+    /// The retry/feedback stage sharing this state.
+    pub fn retry_layer(&self) -> retry::Layer {
+        retry::Layer(Arc::new(retry::Shared {
+            capacity: self.capacity.clone(),
+            store: self.store.clone(),
+            policy: self.policy,
+            stats: self.retries.clone(),
+        }))
+    }
+
+    fn limits(&self, tenant: &TenantId) -> &TenantLimits {
+        self.limits.get(tenant).unwrap_or(&self.default_limits)
+    }
+
+    /// `Some(refusal)` when the predicted wait in pool `index` exceeds the deadline's budget.
+    fn infeasible(&self, index: usize, tenant: &TenantId, d: Deadline) -> Option<Error> {
+        let inputs = self.pools.get(index)?.wait_inputs(tenant)?;
+        let queue = deadline::predict_wait(&inputs);
+        let paused = self
+            .capacity
+            .get(index)
+            .map(|c| c.paused_for())
+            .unwrap_or_default();
+        let predicted = queue + paused;
+        (predicted > d.budget).then_some(Error::DeadlineInfeasible {
+            predicted,
+            budget: d.budget,
+            limit: if paused > queue { "upstream" } else { "queue" },
+        })
+    }
+}

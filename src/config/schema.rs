@@ -29,6 +29,57 @@ pub struct Config {
     /// `[[tenants]]`.
     #[serde(default)]
     pub tenants: Vec<TenantConfig>,
+    /// `[admission]`: size caps, deadlines and upstream retries.
+    #[serde(default)]
+    pub admission: AdmissionConfig,
+}
+
+/// `[admission]`: defaults of the per-plan/tenant caps, and the upstream retry policy.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdmissionConfig {
+    /// Estimated input tokens above this are refused (400) before queueing.
+    pub max_input_tokens: u64,
+    /// A `max_tokens` above this is refused (400) before queueing.
+    pub max_output_tokens: u64,
+    /// Default queue-wait budget in ms (none: wait as long as it takes).
+    pub max_queue_wait_ms: Option<u64>,
+    /// Retries of an upstream 429/502/503 answered before any byte reached the client.
+    pub max_retries: u32,
+    /// First retry backoff in ms (doubled per attempt, with jitter).
+    pub retry_backoff_ms: u64,
+    /// Ceiling of one retry backoff in ms.
+    pub retry_backoff_max_ms: u64,
+}
+
+impl Default for AdmissionConfig {
+    fn default() -> Self {
+        Self {
+            max_input_tokens: 200_000,
+            max_output_tokens: 100_000,
+            max_queue_wait_ms: None,
+            max_retries: 3,
+            retry_backoff_ms: 50,
+            retry_backoff_max_ms: 2_000,
+        }
+    }
+}
+
+/// A tenant's admission limits, resolved tenant > plan > `[admission]` default.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TenantLimits {
+    /// Requests per minute (none: unlimited).
+    pub requests_per_minute: Option<u32>,
+    /// Estimated tokens per minute (none: unlimited).
+    pub tokens_per_minute: Option<u32>,
+    /// Bucket size as a multiple of one minute's budget.
+    pub burst: f64,
+    /// Input-token cap of one request.
+    pub max_input_tokens: u64,
+    /// Output-token cap of one request.
+    pub max_output_tokens: u64,
+    /// Queue-wait budget, ms.
+    pub max_queue_wait_ms: Option<u64>,
 }
 
 /// `[server]`.
@@ -190,6 +241,24 @@ pub struct PlanConfig {
     /// Per-tenant queued cap.
     #[serde(default)]
     pub max_queued: Option<usize>,
+    /// Requests per minute (token bucket; optional, default unlimited).
+    #[serde(default)]
+    pub requests_per_minute: Option<u32>,
+    /// Estimated tokens per minute (token bucket; optional, default unlimited).
+    #[serde(default)]
+    pub tokens_per_minute: Option<u32>,
+    /// Bucket size as a multiple of one minute's budget (default 1.0).
+    #[serde(default)]
+    pub burst: Option<f64>,
+    /// Input-token cap of one request (default `[admission] max_input_tokens`).
+    #[serde(default)]
+    pub max_input_tokens: Option<u64>,
+    /// Output-token cap of one request (default `[admission] max_output_tokens`).
+    #[serde(default)]
+    pub max_output_tokens: Option<u64>,
+    /// Queue-wait budget in ms (default `[admission] max_queue_wait_ms`).
+    #[serde(default)]
+    pub max_queue_wait_ms: Option<u64>,
 }
 
 fn one() -> f64 {
@@ -232,6 +301,24 @@ pub struct TenantConfig {
     /// Keys whose requests default to the batch class, whatever `priority` says (plaintext).
     #[serde(default)]
     pub batch_api_keys: Vec<String>,
+    /// Requests per minute (token bucket; optional, default unlimited).
+    #[serde(default)]
+    pub requests_per_minute: Option<u32>,
+    /// Estimated tokens per minute (token bucket; optional, default unlimited).
+    #[serde(default)]
+    pub tokens_per_minute: Option<u32>,
+    /// Bucket size as a multiple of one minute's budget (default 1.0).
+    #[serde(default)]
+    pub burst: Option<f64>,
+    /// Input-token cap of one request (default `[admission] max_input_tokens`).
+    #[serde(default)]
+    pub max_input_tokens: Option<u64>,
+    /// Output-token cap of one request (default `[admission] max_output_tokens`).
+    #[serde(default)]
+    pub max_output_tokens: Option<u64>,
+    /// Queue-wait budget in ms (default `[admission] max_queue_wait_ms`).
+    #[serde(default)]
+    pub max_queue_wait_ms: Option<u64>,
 }
 
 impl TenantConfig {
@@ -259,5 +346,24 @@ impl TenantConfig {
         self.max_queued
             .or_else(|| self.plan(config).and_then(|p| p.max_queued))
             .unwrap_or(config.scheduler.max_queued_per_tenant)
+    }
+
+    /// Admission limits: tenant > plan > `[admission]` defaults.
+    pub fn effective_limits(&self, config: &Config) -> TenantLimits {
+        let plan = self.plan(config);
+        macro_rules! pick {
+            ($f:ident) => {
+                self.$f.or_else(|| plan.and_then(|p| p.$f))
+            };
+        }
+        let d = &config.admission;
+        TenantLimits {
+            requests_per_minute: pick!(requests_per_minute),
+            tokens_per_minute: pick!(tokens_per_minute),
+            burst: pick!(burst).unwrap_or(1.0),
+            max_input_tokens: pick!(max_input_tokens).unwrap_or(d.max_input_tokens),
+            max_output_tokens: pick!(max_output_tokens).unwrap_or(d.max_output_tokens),
+            max_queue_wait_ms: pick!(max_queue_wait_ms).or(d.max_queue_wait_ms),
+        }
     }
 }

@@ -28,8 +28,57 @@ fn env_name(key: String, var: &Option<String>) -> Result<(), ConfigError> {
     }
 }
 
+/// Admission limits of one plan or tenant: rates, caps and burst must be > 0 when set.
+fn limits(
+    prefix: &str,
+    rates: [(&str, Option<u64>); 5],
+    burst: Option<f64>,
+) -> Result<(), ConfigError> {
+    for (k, v) in rates {
+        if v == Some(0) {
+            return Err(invalid(format!("{prefix}.{k}"), "must be > 0"));
+        }
+    }
+    match burst {
+        Some(b) if !(b.is_finite() && b > 0.0) => Err(invalid(
+            format!("{prefix}.burst"),
+            format!("must be > 0, got {b}"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+macro_rules! limit_fields {
+    ($x:expr) => {
+        [
+            ("requests_per_minute", $x.requests_per_minute.map(u64::from)),
+            ("tokens_per_minute", $x.tokens_per_minute.map(u64::from)),
+            ("max_input_tokens", $x.max_input_tokens),
+            ("max_output_tokens", $x.max_output_tokens),
+            ("max_queue_wait_ms", $x.max_queue_wait_ms),
+        ]
+    };
+}
+
 /// Checks everything the schema cannot express.
 pub fn validate(c: &Config) -> Result<(), ConfigError> {
+    let a = &c.admission;
+    for (k, v) in [
+        ("max_input_tokens", Some(a.max_input_tokens)),
+        ("max_output_tokens", Some(a.max_output_tokens)),
+        ("max_queue_wait_ms", a.max_queue_wait_ms),
+        ("retry_backoff_ms", Some(a.retry_backoff_ms)),
+    ] {
+        if v == Some(0) {
+            return Err(invalid(format!("admission.{k}"), "must be > 0"));
+        }
+    }
+    if a.retry_backoff_max_ms < a.retry_backoff_ms {
+        return Err(invalid(
+            "admission.retry_backoff_max_ms",
+            "must be >= admission.retry_backoff_ms",
+        ));
+    }
     if let Some(h) = &c.server.tenant_header {
         if http::HeaderName::from_bytes(h.as_bytes()).is_err() {
             return Err(invalid("server.tenant_header", "not a valid header name"));
@@ -95,6 +144,7 @@ pub fn validate(c: &Config) -> Result<(), ConfigError> {
     }
     for (name, p) in &c.plans {
         positive_weight(format!("plans.{name}.weight"), p.weight)?;
+        limits(&format!("plans.{name}"), limit_fields!(p), p.burst)?;
         if p.max_concurrency == Some(0) {
             return Err(invalid(
                 format!("plans.{name}.max_concurrency"),
@@ -106,6 +156,7 @@ pub fn validate(c: &Config) -> Result<(), ConfigError> {
     let mut digests = HashSet::new();
     for (i, t) in c.tenants.iter().enumerate() {
         let key = |k: &str| format!("tenants[{i}].{k}");
+        limits(&format!("tenants[{i}]"), limit_fields!(t), t.burst)?;
         if t.id.is_empty() {
             return Err(invalid(key("id"), "must not be empty"));
         }
@@ -205,6 +256,28 @@ base_url = "http://127.0.0.1:9000/v1"
         let e = err("[[tenants]]\nid = \"a\"\napi_keys = [\"k\"]\nwieght = 2.0\n");
         assert!(e.starts_with("tenants[0].wieght"), "{e}");
         assert!(e.contains("unknown field"), "{e}");
+    }
+
+    #[test]
+    fn admission_limits_are_validated_and_resolved() {
+        let e = err("[[tenants]]\nid = \"a\"\napi_keys = [\"k\"]\nrequests_per_minute = 0\n");
+        assert!(e.starts_with("tenants[0].requests_per_minute"), "{e}");
+        let e = err("[plans.p]\nburst = -1.0\n");
+        assert!(e.starts_with("plans.p.burst"), "{e}");
+        let e = err("[admission]\nmax_retries = 2\nretry_backoff_ms = 0\n");
+        assert!(e.starts_with("admission.retry_backoff_ms"), "{e}");
+        let c = Config::from_toml_str(&format!(
+            "{BASE}[admission]\nmax_queue_wait_ms = 900\n[plans.p]\ntokens_per_minute = 500\n\
+             requests_per_minute = 9\n[[tenants]]\nid = \"a\"\napi_keys = [\"k\"]\nplan = \"p\"\n\
+             requests_per_minute = 3\nmax_output_tokens = 64\n"
+        ))
+        .unwrap();
+        let l = c.tenants[0].effective_limits(&c);
+        assert_eq!(l.requests_per_minute, Some(3));
+        assert_eq!(l.tokens_per_minute, Some(500));
+        assert_eq!((l.burst, l.max_output_tokens), (1.0, 64));
+        assert_eq!(l.max_input_tokens, 200_000);
+        assert_eq!(l.max_queue_wait_ms, Some(900));
     }
 
     #[test]

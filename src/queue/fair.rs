@@ -7,7 +7,7 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::permit::Permit;
-use crate::domain::{TenantId, Tokens};
+use crate::domain::{TenantId, Tokens, Weight};
 use crate::scheduler::{self, Class, QueueFull, Scheduler, Slot, Ticket};
 
 /// What the cost of a queued request is computed from, at dispatch time.
@@ -61,6 +61,25 @@ pub(super) struct Inner {
     default_output: u64,
     /// Exponentially weighted mean time a permit is held, seconds.
     service_s: f64,
+    /// The configured class weights (batch is scaled down from these when degraded).
+    class_weights: (Weight, Weight),
+}
+
+/// What a wait prediction needs from a pool, read under one lock (see `admission::deadline`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct WaitInputs {
+    /// Requests queued in the pool.
+    pub queued: usize,
+    /// Requests in flight in the pool.
+    pub in_flight: u32,
+    /// The pool's effective capacity.
+    pub capacity: u32,
+    /// Requests this tenant has queued.
+    pub tenant_queued: usize,
+    /// Tenants with queued requests (including this one if it has any).
+    pub backlogged_tenants: usize,
+    /// Recent mean time a permit is held.
+    pub service_time: Duration,
 }
 
 /// One pool's fair queue. Cheap to share (`Arc`).
@@ -72,6 +91,7 @@ pub struct FairQueue {
 impl FairQueue {
     /// A queue for one pool with these tenants.
     pub fn new(settings: QueueSettings, tenants: &[(TenantId, TenantSettings)]) -> Arc<Self> {
+        let class_weights = settings.scheduler.class_weights;
         let mut sched = Scheduler::new(settings.scheduler);
         for (id, spec) in tenants {
             sched.upsert_tenant(id.clone(), spec.clone());
@@ -81,6 +101,7 @@ impl FairQueue {
                 sched,
                 default_output: settings.default_output_tokens,
                 service_s: 1.0,
+                class_weights,
             }),
             epoch: Instant::now(),
         })
@@ -170,6 +191,29 @@ impl FairQueue {
             self.pump(&mut inner)
         };
         drop(failed);
+    }
+
+    /// Scales the batch class's share by `fraction` (0–1] of its configured weight: batch is
+    /// slowed first when the learned capacity is below the configured one.
+    pub fn set_batch_share(&self, fraction: f64) {
+        let mut inner = self.lock();
+        let (interactive, batch) = inner.class_weights;
+        let scaled = Weight::new(batch.get() * fraction.clamp(0.05, 1.0)).unwrap_or(batch);
+        inner.sched.set_class_weights((interactive, scaled));
+    }
+
+    /// The inputs of a queue-wait prediction for `tenant`.
+    pub fn wait_inputs(&self, tenant: &TenantId) -> Option<WaitInputs> {
+        let inner = self.lock();
+        let key = inner.sched.tenant_key(tenant)?;
+        Some(WaitInputs {
+            queued: inner.sched.queued(),
+            in_flight: inner.sched.in_flight(),
+            capacity: inner.sched.config().capacity,
+            tenant_queued: inner.sched.tenant_load(key).0,
+            backlogged_tenants: inner.sched.backlogged_tenants(),
+            service_time: Duration::from_secs_f64(inner.service_s),
+        })
     }
 
     /// (queued, in flight) in the pool.

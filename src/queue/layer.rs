@@ -14,6 +14,7 @@ use futures_util::future::BoxFuture;
 use http::{header, HeaderValue, Request, Response, StatusCode};
 
 use super::fair::{CostInputs, FairQueue, QueueError};
+use crate::admission::{Deadline, Error as AdmissionError};
 use crate::body::Parsed;
 use crate::error::{ApiError, Error};
 use crate::response::ResponseBody;
@@ -75,7 +76,15 @@ where
                 .clone();
             let cost = cost_inputs(req.body(), ext.get::<Parsed>());
             let tenant = id.tenant.id.clone();
-            let permit = pool.acquire(&tenant, id.class, id.recovery, cost).await?;
+            let acquire = pool.acquire(&tenant, id.class, id.recovery, cost);
+            // A deadline removes the request from the queue when it passes (the cancel guard of
+            // `acquire` uncharges it) and answers 504.
+            let permit = match ext.get::<Deadline>().copied() {
+                None => acquire.await?,
+                Some(d) => tokio::time::timeout_at(d.at, acquire)
+                    .await
+                    .map_err(|_| AdmissionError::DeadlineExceeded { budget: d.budget })??,
+            };
             req.extensions_mut()
                 .insert(QueueMs(permit.waited().as_millis() as u64));
             let mut res = inner.call(req).await?;

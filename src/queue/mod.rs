@@ -19,7 +19,7 @@ mod permit;
 mod pools;
 
 pub use body::PermitBody;
-pub use fair::{CostInputs, FairQueue, QueueError, QueueSettings, TenantSettings};
+pub use fair::{CostInputs, FairQueue, QueueError, QueueSettings, TenantSettings, WaitInputs};
 pub use layer::{Layer, Service};
 pub use permit::Permit;
 pub use pools::{pools, scheduler_config, DEFAULT_OUTPUT_TOKENS};

@@ -371,6 +371,16 @@ impl<T> Scheduler<T> {
         self.in_flight
     }
 
+    /// Sets the class share weights (the proxy slows batch while the pool is degraded).
+    pub fn set_class_weights(&mut self, weights: (Weight, Weight)) {
+        self.cfg.class_weights = weights;
+    }
+
+    /// Tenants with at least one queued request.
+    pub fn backlogged_tenants(&self) -> usize {
+        self.tenants.iter().filter(|t| t.queued > 0).count()
+    }
+
     /// Requests queued in the pool.
     pub fn queued(&self) -> usize {
         self.arena.len()

@@ -25,6 +25,7 @@ use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 use tower::ServiceBuilder;
 
+use crate::admission::{self, Admission};
 use crate::config::{Config, ConfigError};
 use crate::queue::FairQueue;
 use crate::response::{BoxError, ResponseBody};
@@ -46,6 +47,8 @@ pub struct State {
     pub router: Arc<Router>,
     /// One fair queue per upstream pool, indexed like `upstreams`.
     pub pools: Arc<[Arc<FairQueue>]>,
+    /// Admission: rate stores, learned pool capacity, retry counters.
+    pub admission: Arc<Admission>,
     /// `/readyz` flag.
     pub ready: Arc<AtomicBool>,
 }
@@ -62,7 +65,9 @@ impl State {
             .map(|(i, u)| Upstream::from_config(u, i, env).map(Arc::new))
             .collect::<Result<Vec<_>, _>>()?;
         let pools = queue::pools(&config, &tenants);
+        let admission = Admission::new(&config, pools.clone());
         Ok(Self {
+            admission,
             router: Arc::new(Router::new(upstreams.clone())),
             pools,
             config: Arc::new(config),
@@ -103,10 +108,18 @@ where
         })
         // Pick the upstream pool from the model: the fair queue below is per pool.
         .layer(route::Layer(state.router.clone()))
+        // Admission: size caps, deadline feasibility and the tenant's rate limits, after routing
+        // (the wait is predicted from the routed pool's queue) and before queueing, so nothing
+        // that must be refused ever takes a queue slot or a share of the pool.
+        .layer(admission::Layer(state.admission.clone()))
         // The fair queue of the routed pool: waits for a permit (weighted DRR in tokens), sets
         // x-fairgate-queue-ms, and ties the permit to the response body so the pool slot lives
         // exactly as long as the stream. After routing (queues are per pool), before upstream.
         .layer(queue::Layer(state.pools.clone()))
+        // Upstream feedback and retries, inside the permit: every answer teaches the pool's
+        // learned capacity, and a 429/502/503 with nothing yet sent to the client is retried
+        // while the request keeps its slot (so a retry never jumps the fair queue).
+        .layer(state.admission.retry_layer())
         // Innermost: forward to the provider and stream the answer back.
         .service(upstream::Service::new(tenant_header))
 }
@@ -132,6 +145,8 @@ pub struct ServerHandle {
     pub addr: SocketAddr,
     /// The pools' fair queues (for introspection: loads, tests).
     pub pools: Arc<[Arc<FairQueue>]>,
+    /// Admission state (learned capacity, retry counters; for introspection).
+    pub admission: Arc<Admission>,
     stop: watch::Sender<bool>,
     join: JoinHandle<()>,
 }
@@ -157,6 +172,7 @@ pub async fn start(config: Config, listener: TcpListener) -> Result<ServerHandle
     };
     let state = State::new(config)?;
     let pools = state.pools.clone();
+    let admission = state.admission.clone();
     let grace = Duration::from_millis(state.config.server.shutdown_grace_ms);
     let service = TowerToHyperService::new(stack::<hyper::body::Incoming>(&state));
     let mut builder = auto::Builder::new(TokioExecutor::new());
@@ -226,6 +242,7 @@ pub async fn start(config: Config, listener: TcpListener) -> Result<ServerHandle
     Ok(ServerHandle {
         addr,
         pools,
+        admission,
         stop,
         join,
     })

@@ -1,0 +1,212 @@
+//! The upstream-feedback stage, just above `upstream`: every upstream answer feeds the pool's
+//! [`PoolCapacity`], and a 429/502/503 that arrived before any byte reached the client is
+//! retried while the request still holds its fair-queue permit.
+//!
+//! Retries: exponential backoff (`retry_backoff_ms × 2^attempt`, capped at
+//! `retry_backoff_max_ms`) with full jitter in its upper half, never shorter than the wait the
+//! upstream asked for (`Retry-After` & co), at most `max_retries`, and never past the request's
+//! deadline. Each extra attempt is charged to the tenant's token ledger (its estimate) and
+//! counted ([`RetryStats`]). A 429 that is finally passed to the client says
+//! `x-fairgate-limit: upstream`.
+//!
+//! Invariant: only a complete upstream *head* is inspected, and a retried answer's body is
+//! dropped unread, so nothing of a failed attempt reaches the client.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
+use http::{HeaderValue, Request, Response, StatusCode};
+use rand::Rng;
+
+use super::capacity::{upstream_wait, PoolCapacity};
+use super::deadline::Deadline;
+use super::error::LIMIT_HEADER;
+use super::rate::RateStore;
+use super::Estimate;
+use crate::config::AdmissionConfig;
+use crate::error::Error;
+use crate::response::ResponseBody;
+use crate::route::Route;
+use crate::tenant::Identity;
+
+/// Retry policy, from `[admission]`.
+#[derive(Clone, Copy, Debug)]
+pub struct RetryPolicy {
+    /// Extra attempts at most.
+    pub max_retries: u32,
+    /// First backoff.
+    pub base: Duration,
+    /// Backoff ceiling.
+    pub max: Duration,
+}
+
+impl RetryPolicy {
+    /// From the config table.
+    pub fn from_config(c: &AdmissionConfig) -> Self {
+        Self {
+            max_retries: c.max_retries,
+            base: Duration::from_millis(c.retry_backoff_ms),
+            max: Duration::from_millis(c.retry_backoff_max_ms),
+        }
+    }
+
+    /// The backoff before retry number `attempt` (0-based): in [b/2, b], b = base × 2^attempt.
+    pub fn backoff(&self, attempt: u32) -> Duration {
+        let b = self
+            .base
+            .saturating_mul(1u32 << attempt.min(16))
+            .min(self.max);
+        let half = b / 2;
+        half + half.mul_f64(rand::rng().random::<f64>())
+    }
+}
+
+/// Retry counters (read by metrics).
+#[derive(Debug, Default)]
+pub struct RetryStats {
+    /// Upstream attempts beyond the first.
+    pub retries: AtomicU64,
+    /// Requests whose last attempt was still retryable (retries exhausted or no time left).
+    pub exhausted: AtomicU64,
+}
+
+/// Shared by every clone of the retry service.
+pub(super) struct Shared {
+    pub capacity: Arc<[Arc<PoolCapacity>]>,
+    pub store: Arc<dyn RateStore>,
+    pub policy: RetryPolicy,
+    pub stats: Arc<RetryStats>,
+}
+
+/// The layer: holds only an `Arc`.
+#[derive(Clone)]
+pub struct Layer(pub(super) Arc<Shared>);
+
+impl<S> tower::Layer<S> for Layer {
+    type Service = Service<S>;
+    fn layer(&self, inner: S) -> Service<S> {
+        Service {
+            shared: self.0.clone(),
+            inner,
+        }
+    }
+}
+
+/// See the module docs.
+#[derive(Clone)]
+pub struct Service<S> {
+    shared: Arc<Shared>,
+    inner: S,
+}
+
+fn retryable(status: StatusCode) -> bool {
+    matches!(status.as_u16(), 429 | 502 | 503)
+}
+
+fn copy(req: &Request<Bytes>) -> Request<Bytes> {
+    let mut out = Request::new(req.body().clone());
+    *out.method_mut() = req.method().clone();
+    *out.uri_mut() = req.uri().clone();
+    *out.version_mut() = req.version();
+    *out.headers_mut() = req.headers().clone();
+    *out.extensions_mut() = req.extensions().clone();
+    out
+}
+
+impl<S> tower::Service<Request<Bytes>> for Service<S>
+where
+    S: tower::Service<Request<Bytes>, Response = Response<ResponseBody>, Error = Error>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    type Response = Response<ResponseBody>;
+    type Error = Error;
+    type Future = BoxFuture<'static, Result<Self::Response, Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<Bytes>) -> Self::Future {
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let shared = self.shared.clone();
+        Box::pin(async move {
+            let ext = req.extensions();
+            let pool = ext
+                .get::<Route>()
+                .and_then(|r| shared.capacity.get(r.index).cloned());
+            let Some(pool) = pool else {
+                return inner.call(req).await;
+            };
+            let tenant = ext.get::<Identity>().map(|i| i.tenant.id.clone());
+            let estimate = ext.get::<Estimate>().copied();
+            let deadline = ext.get::<Deadline>().copied();
+            let mut attempt = 0;
+            loop {
+                use tower::ServiceExt;
+                let result = inner.ready().await?.call(copy(&req)).await;
+                let (status, wait) = match &result {
+                    Ok(res) => {
+                        pool.observe(res.status(), res.headers());
+                        (res.status(), upstream_wait(res.headers()))
+                    }
+                    Err(e) => (e.status(), None),
+                };
+                if !retryable(status) {
+                    return result;
+                }
+                let backoff = shared
+                    .policy
+                    .backoff(attempt)
+                    .max(wait.unwrap_or_default())
+                    .max(pool.paused_for());
+                let in_time = deadline.is_none_or(|d| backoff < d.remaining());
+                if attempt >= shared.policy.max_retries || !in_time {
+                    shared.stats.exhausted.fetch_add(1, Ordering::Relaxed);
+                    return result.map(|mut res| {
+                        if res.status() == StatusCode::TOO_MANY_REQUESTS {
+                            res.headers_mut()
+                                .insert(LIMIT_HEADER, HeaderValue::from_static("upstream"));
+                        }
+                        res
+                    });
+                }
+                drop(result);
+                tokio::time::sleep(backoff).await;
+                attempt += 1;
+                shared.stats.retries.fetch_add(1, Ordering::Relaxed);
+                if let (Some(t), Some(e)) = (&tenant, estimate) {
+                    shared.store.charge(t, e.total);
+                }
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_with_jitter_and_is_capped() {
+        let p = RetryPolicy {
+            max_retries: 3,
+            base: Duration::from_millis(100),
+            max: Duration::from_millis(500),
+        };
+        for _ in 0..50 {
+            let b0 = p.backoff(0);
+            assert!(b0 >= Duration::from_millis(50) && b0 <= Duration::from_millis(100));
+            let b2 = p.backoff(2);
+            assert!(b2 >= Duration::from_millis(200) && b2 <= Duration::from_millis(400));
+            assert!(p.backoff(10) <= Duration::from_millis(500));
+        }
+    }
+}

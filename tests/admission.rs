@@ -1,0 +1,351 @@
+//! Admission and upstream backpressure end to end over HTTP with the bundled mock: the 429 storm
+//! (provider K=4, fairgate configured with 16), per-tenant request and token budgets, deadlines
+//! (infeasible → immediate 429, passed in queue → 504) and size caps before queueing.
+//! Assertions are on counts and headers, never on wall-clock durations.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::*;
+use fairgate::mock::MockConfig;
+use fairgate::server::ServerHandle;
+use tokio::time::Instant;
+
+fn header<'a>(c: &'a Collected, name: &str) -> Option<&'a str> {
+    c.headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+fn chat_max(max_tokens: u64) -> String {
+    format!(
+        r#"{{"model":"gpt-4o-mini","max_tokens":{max_tokens},"messages":[{{"role":"user","content":"hi"}}]}}"#
+    )
+}
+
+async fn chat_as(
+    proxy: &ServerHandle,
+    key: &str,
+    body: &str,
+    headers: &[(&str, &str)],
+) -> Collected {
+    send(post(
+        proxy.addr,
+        "/v1/chat/completions",
+        Some(key),
+        body,
+        headers,
+    ))
+    .await
+}
+
+#[derive(Default)]
+struct Tally {
+    ok_late: AtomicUsize,
+    limited_late: AtomicUsize,
+    limited_early: AtomicUsize,
+    other: Mutex<Vec<u16>>,
+}
+
+/// 16 clients loop against `proxy` until `stop`; counts answers after the first second.
+async fn load(proxy: &ServerHandle, start: Instant, stop: Arc<AtomicBool>) -> Arc<Tally> {
+    let tally = Arc::new(Tally::default());
+    let mut tasks = Vec::new();
+    for _ in 0..16 {
+        let (addr, tally, stop) = (proxy.addr, tally.clone(), stop.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..2000 {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                let r = send(post(
+                    addr,
+                    "/v1/chat/completions",
+                    Some(KEY_A),
+                    &chat_max(8),
+                    &[],
+                ))
+                .await;
+                let late = start.elapsed() > Duration::from_secs(1);
+                match (r.status, late) {
+                    (200, true) => &tally.ok_late,
+                    (200, false) => continue,
+                    (429, true) => &tally.limited_late,
+                    (429, false) => &tally.limited_early,
+                    (s, _) => {
+                        tally.other.lock().unwrap().push(s);
+                        continue;
+                    }
+                }
+                .fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    tally
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_429_storm_is_absorbed_and_goodput_stays_near_capacity() {
+    let provider = || MockConfig {
+        max_concurrency: Some(4),
+        retry_after: Duration::from_millis(100),
+        base_latency: Duration::from_millis(40),
+        record_requests: false,
+        ..MockConfig::default()
+    };
+    let (storm_mock, base_mock) = (mock_with(provider()).await, mock_with(provider()).await);
+    let storm = proxy(&config(
+        &storm_mock.base_url(),
+        "",
+        "max_concurrency = 16",
+        "",
+    ))
+    .await;
+    let baseline = proxy(&config(
+        &base_mock.base_url(),
+        "",
+        "max_concurrency = 4",
+        "",
+    ))
+    .await;
+    let start = Instant::now();
+    let stop = Arc::new(AtomicBool::new(false));
+    // Watch the learned limit to report how long it took to settle near K.
+    let settled = Arc::new(Mutex::new(None));
+    let watcher = {
+        let (cap, stop, settled) = (
+            storm.admission.capacity[0].clone(),
+            stop.clone(),
+            settled.clone(),
+        );
+        tokio::spawn(async move {
+            for _ in 0..2000 {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                if cap.limit() <= 5 && settled.lock().unwrap().is_none() {
+                    *settled.lock().unwrap() = Some(start.elapsed());
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+    };
+    let timer = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            stop.store(true, Ordering::Relaxed);
+        })
+    };
+    let (s, b) = tokio::join!(
+        load(&storm, start, stop.clone()),
+        load(&baseline, start, stop.clone())
+    );
+    timer.await.unwrap();
+    watcher.await.unwrap();
+    let (ok, late_429, early_429) = (
+        s.ok_late.load(Ordering::Relaxed),
+        s.limited_late.load(Ordering::Relaxed),
+        s.limited_early.load(Ordering::Relaxed),
+    );
+    let base_ok = b.ok_late.load(Ordering::Relaxed);
+    let retries = storm.admission.retries.retries.load(Ordering::Relaxed);
+    println!(
+        "429 storm: after 1 s clients got {ok} ok / {late_429} 429 ({:.2}%); first second {early_429} 429; \
+         goodput {ok} vs K-limited baseline {base_ok} ({:.0}%); provider 429s {}; retries {retries}; \
+         provider max in flight {}; learned limit {} (settled ≤5 after {:?})",
+        100.0 * late_429 as f64 / (ok + late_429).max(1) as f64,
+        100.0 * ok as f64 / base_ok.max(1) as f64,
+        storm_mock.stats.rejected_429(),
+        storm_mock.stats.max_in_flight(),
+        storm.admission.capacity[0].limit(),
+        settled.lock().unwrap(),
+    );
+    assert!(
+        s.other.lock().unwrap().is_empty(),
+        "other errors: {:?}",
+        s.other.lock().unwrap()
+    );
+    assert!(b.other.lock().unwrap().is_empty() && b.limited_late.load(Ordering::Relaxed) == 0);
+    assert!(
+        late_429 * 100 <= ok + late_429,
+        "{late_429} 429s of {}",
+        ok + late_429
+    );
+    assert!(
+        storm_mock.stats.max_in_flight() == 4,
+        "the provider's capacity was used"
+    );
+    assert!(
+        storm.admission.capacity[0].limit() <= 6,
+        "the limit learned K"
+    );
+    assert!(settled.lock().unwrap().is_some());
+    assert!(ok * 10 >= base_ok * 6, "goodput {ok} vs baseline {base_ok}");
+}
+
+#[tokio::test]
+async fn tenant_over_requests_per_minute_gets_an_honest_429_and_others_are_unaffected() {
+    let mock = mock().await;
+    let p = proxy(&config(&mock.base_url(), "", "", "requests_per_minute = 2")).await;
+    for left in ["1", "0"] {
+        let r = chat_as(&p, KEY_B, &chat("gpt-4o-mini"), &[]).await;
+        assert_eq!(r.status, 200);
+        assert_eq!(header(&r, "x-ratelimit-limit-requests"), Some("2"));
+        assert_eq!(header(&r, "x-ratelimit-remaining-requests"), Some(left));
+        assert!(header(&r, "x-ratelimit-reset-requests").is_some());
+    }
+    let r = chat_as(&p, KEY_B, &chat("gpt-4o-mini"), &[]).await;
+    r.assert_error(429, "rate_limit_exceeded");
+    let retry_after: u64 = header(&r, "retry-after").unwrap().parse().unwrap();
+    // One request per 30 s refills: honest, not a constant 1.
+    assert!(
+        (1..=30).contains(&retry_after) && retry_after >= 20,
+        "{retry_after}"
+    );
+    assert_eq!(header(&r, "x-fairgate-limit"), Some("tenant"));
+    assert_eq!(header(&r, "x-ratelimit-remaining-requests"), Some("0"));
+    for _ in 0..5 {
+        let r = chat_as(&p, KEY_A, &chat("gpt-4o-mini"), &[]).await;
+        assert_eq!(r.status, 200);
+        assert!(
+            header(&r, "x-ratelimit-limit-requests").is_none(),
+            "a has no limits"
+        );
+    }
+    assert_eq!(mock.stats.requests(), 7);
+}
+
+#[tokio::test]
+async fn token_budget_exceeded_is_refused_by_the_tenant_limit() {
+    let mock = mock().await;
+    let p = proxy(&config(
+        &mock.base_url(),
+        "",
+        "",
+        "tokens_per_minute = 1000",
+    ))
+    .await;
+    let r = chat_as(&p, KEY_B, &chat_max(600), &[]).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(header(&r, "x-ratelimit-limit-tokens"), Some("1000"));
+    let remaining: u64 = header(&r, "x-ratelimit-remaining-tokens")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(remaining < 400, "{remaining}");
+    let r = chat_as(&p, KEY_B, &chat_max(600), &[]).await;
+    r.assert_error(429, "rate_limit_exceeded");
+    assert_eq!(r.json()["error"]["type"], "tokens");
+    assert_eq!(header(&r, "x-fairgate-limit"), Some("tenant"));
+    assert!(header(&r, "retry-after").unwrap().parse::<u64>().unwrap() >= 1);
+    // Larger than the whole bucket: can never fit.
+    chat_as(&p, KEY_B, &chat_max(5000), &[])
+        .await
+        .assert_error(400, "request_exceeds_token_budget");
+    assert_eq!(mock.stats.requests(), 1);
+}
+
+#[tokio::test]
+async fn deadlines_fail_fast_when_infeasible_and_expire_in_queue_with_504() {
+    let mock = mock().await;
+    let p = Arc::new(proxy(&config(&mock.base_url(), "", "max_concurrency = 1", "")).await);
+    let blocker = {
+        let p = p.clone();
+        tokio::spawn(async move {
+            chat_as(
+                &p,
+                KEY_A,
+                &chat("gpt-4o-mini"),
+                &[("x-mock-delay-ms", "3000")],
+            )
+            .await
+            .status
+        })
+    };
+    assert!(eventually(|| p.pools[0].load() == (0, 1)).await);
+    chat_as(
+        &p,
+        KEY_B,
+        &chat("gpt-4o-mini"),
+        &[("x-fairgate-deadline-ms", "soon")],
+    )
+    .await
+    .assert_error(400, "invalid_deadline");
+    // Feasible by the prediction (one slot ahead), but the blocker holds it past the deadline.
+    let r = chat_as(
+        &p,
+        KEY_B,
+        &chat("gpt-4o-mini"),
+        &[("x-fairgate-deadline-ms", "1500")],
+    )
+    .await;
+    r.assert_error(504, "deadline_exceeded");
+    assert_eq!(
+        p.pools[0].load(),
+        (0, 1),
+        "removed from the queue before dispatch"
+    );
+    // Now a backlog: a's own next request would wait behind three of its own.
+    let mut queued = Vec::new();
+    for _ in 0..3 {
+        let p = p.clone();
+        queued.push(tokio::spawn(async move {
+            chat_as(&p, KEY_A, &chat("gpt-4o-mini"), &[]).await.status
+        }));
+    }
+    assert!(eventually(|| p.pools[0].load() == (3, 1)).await);
+    let r = chat_as(
+        &p,
+        KEY_A,
+        &chat("gpt-4o-mini"),
+        &[("x-fairgate-deadline-ms", "1500")],
+    )
+    .await;
+    r.assert_error(429, "deadline_infeasible");
+    assert_eq!(header(&r, "x-fairgate-limit"), Some("queue"));
+    assert!(header(&r, "retry-after").unwrap().parse::<u64>().unwrap() >= 2);
+    assert_eq!(p.pools[0].load(), (3, 1), "refused at once, nothing queued");
+    assert_eq!(blocker.await.unwrap(), 200);
+    for q in queued {
+        assert_eq!(q.await.unwrap(), 200);
+    }
+    assert_eq!(
+        mock.stats.requests(),
+        4,
+        "the expired request never went upstream"
+    );
+}
+
+#[tokio::test]
+async fn oversize_requests_are_refused_before_queueing() {
+    let mock = mock().await;
+    let p = proxy(&config(
+        &mock.base_url(),
+        "",
+        "",
+        "max_input_tokens = 50\nmax_output_tokens = 100",
+    ))
+    .await;
+    chat_as(&p, KEY_B, &chat_max(200), &[])
+        .await
+        .assert_error(400, "max_tokens_too_large");
+    let long = format!(
+        r#"{{"model":"gpt-4o-mini","messages":[{{"role":"user","content":"{}"}}]}}"#,
+        "x".repeat(400)
+    );
+    let r = chat_as(&p, KEY_B, &long, &[]).await;
+    r.assert_error(400, "context_length_exceeded");
+    assert!(r.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("limit is 50"));
+    assert_eq!(p.pools[0].load(), (0, 0));
+    assert_eq!(mock.stats.requests(), 0, "nothing reached the upstream");
+    // The other tenant has the defaults.
+    assert_eq!(chat_as(&p, KEY_A, &long, &[]).await.status, 200);
+}
