@@ -26,12 +26,13 @@ use tokio::task::{JoinHandle, JoinSet};
 use tower::ServiceBuilder;
 
 use crate::config::{Config, ConfigError};
+use crate::estimate::Estimator;
 use crate::queue::FairQueue;
 use crate::response::{BoxError, ResponseBody};
 use crate::route::Router;
 use crate::tenant::Directory;
 use crate::upstream::Upstream;
-use crate::{body, edge, health, queue, route, tenant, upstream};
+use crate::{body, edge, estimate, health, queue, route, tenant, upstream};
 
 /// Everything the stack shares, built once from a validated [`Config`].
 #[derive(Debug, Clone)]
@@ -46,6 +47,9 @@ pub struct State {
     pub router: Arc<Router>,
     /// One fair queue per upstream pool, indexed like `upstreams`.
     pub pools: Arc<[Arc<FairQueue>]>,
+    /// Counts input tokens, prices requests at dispatch, learns output lengths, keeps the
+    /// estimate-error statistics (`estimator.stats()`).
+    pub estimator: Arc<Estimator>,
     /// `/readyz` flag.
     pub ready: Arc<AtomicBool>,
 }
@@ -61,8 +65,10 @@ impl State {
             .enumerate()
             .map(|(i, u)| Upstream::from_config(u, i, env).map(Arc::new))
             .collect::<Result<Vec<_>, _>>()?;
-        let pools = queue::pools(&config, &tenants);
+        let estimator = Arc::new(Estimator::new(&config.estimate, &config.models));
+        let pools = queue::pools(&config, &tenants, &estimator);
         Ok(Self {
+            estimator,
             router: Arc::new(Router::new(upstreams.clone())),
             pools,
             config: Arc::new(config),
@@ -103,10 +109,17 @@ where
         })
         // Pick the upstream pool from the model: the fair queue below is per pool.
         .layer(route::Layer(state.router.clone()))
+        // Count input tokens (after routing: an unroutable model costs no counting) and ask for
+        // usage on a stream's behalf; the queue below prices the request from this at dispatch.
+        .layer(estimate::Layer::new(state.estimator.clone()))
         // The fair queue of the routed pool: waits for a permit (weighted DRR in tokens), sets
         // x-fairgate-queue-ms, and ties the permit to the response body so the pool slot lives
         // exactly as long as the stream. After routing (queues are per pool), before upstream.
-        .layer(queue::Layer(state.pools.clone()))
+        // A 2xx body is observed for `usage` and reconciled when it ends or is dropped.
+        .layer(queue::Layer {
+            pools: state.pools.clone(),
+            estimator: state.estimator.clone(),
+        })
         // Innermost: forward to the provider and stream the answer back.
         .service(upstream::Service::new(tenant_header))
 }
@@ -132,6 +145,8 @@ pub struct ServerHandle {
     pub addr: SocketAddr,
     /// The pools' fair queues (for introspection: loads, tests).
     pub pools: Arc<[Arc<FairQueue>]>,
+    /// The estimator (learned history, estimate-error statistics).
+    pub estimator: Arc<Estimator>,
     stop: watch::Sender<bool>,
     join: JoinHandle<()>,
 }
@@ -157,6 +172,7 @@ pub async fn start(config: Config, listener: TcpListener) -> Result<ServerHandle
     };
     let state = State::new(config)?;
     let pools = state.pools.clone();
+    let estimator = state.estimator.clone();
     let grace = Duration::from_millis(state.config.server.shutdown_grace_ms);
     let service = TowerToHyperService::new(stack::<hyper::body::Incoming>(&state));
     let mut builder = auto::Builder::new(TokioExecutor::new());
@@ -226,6 +242,7 @@ pub async fn start(config: Config, listener: TcpListener) -> Result<ServerHandle
     Ok(ServerHandle {
         addr,
         pools,
+        estimator,
         stop,
         join,
     })
