@@ -14,7 +14,8 @@
 //! - Actual cost = usage (input, output) with the estimator's weights; without usage, the counted
 //!   input and the generated text counted with the model's encoding (bounded like input counting;
 //!   more than [`INLINE_MAX_BYTES`] of text is counted on the blocking pool, which then releases
-//!   the permit). A JSON body over the cap without usage falls back to its bytes / 4.
+//!   the permit). A JSON body without usage or text (over the cap, cut short) falls back to its
+//!   bytes / 4.
 //! - Responses that are not 2xx are not observed (the queue stage keeps the plain permit).
 
 pub mod extract;
@@ -78,7 +79,8 @@ struct Observer {
 
 impl Drop for Observer {
     fn drop(&mut self) {
-        self.reconcile();
+        // hyper may drop a body once its content-length is written, without polling its end.
+        self.end();
     }
 }
 
@@ -143,12 +145,13 @@ impl Observer {
         }
     }
 
-    /// Ends observation: returns bytes still held back (strip mode), reconciles.
+    /// Ends observation: returns bytes still held back (strip mode), reconciles. Idempotent.
     fn end(&mut self) -> Bytes {
         let held = match &mut self.mode {
             Mode::Json { buf, over, .. } => {
+                let buf = std::mem::take(buf);
                 if !*over && !buf.is_empty() {
-                    self.tally.observe(buf);
+                    self.tally.observe(&buf);
                 }
                 Bytes::new()
             }
