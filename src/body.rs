@@ -4,8 +4,9 @@
 //! Invariants: a `Content-Length` over the cap is rejected (413) before any byte is read; a body
 //! growing over the cap while read is rejected at the cap; JSON endpoints require
 //! `application/json` (415), valid JSON (400) and a string `model` (400); the bytes are kept as
-//! received and the request continues as `Request<Bytes>` — later stages never re-read or
-//! re-serialize it.
+//! received and the request continues as `Request<Bytes>` — later stages never re-read it, and
+//! re-serialize it in one case only: the estimate stage asks for `stream_options.include_usage`
+//! on behalf of a streaming client that did not.
 
 use std::future::Future;
 use std::pin::Pin;

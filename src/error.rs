@@ -35,6 +35,9 @@ pub enum Error {
     /// The body stage rejected the request.
     #[error(transparent)]
     Body(#[from] crate::body::Error),
+    /// The estimate stage rejected the request (malformed content).
+    #[error(transparent)]
+    Estimate(#[from] crate::estimate::Error),
     /// No route for the request.
     #[error(transparent)]
     Route(#[from] crate::route::Error),
@@ -60,6 +63,7 @@ impl Error {
         match self {
             Error::Tenant(e) => of(e),
             Error::Body(e) => of(e),
+            Error::Estimate(e) => of(e),
             Error::Route(e) => of(e),
             Error::Admission(e) => of(e),
             Error::Queue(e) => of(e),

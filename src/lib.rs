@@ -15,6 +15,7 @@ pub mod demo;
 pub mod domain;
 pub mod edge;
 pub mod error;
+pub mod estimate;
 pub mod health;
 pub mod mock;
 pub mod queue;
@@ -25,5 +26,6 @@ pub mod server;
 pub mod sim;
 pub mod tenant;
 pub mod upstream;
+pub mod usage;
 
 pub use error::Error;

@@ -248,7 +248,10 @@ mod tests {
                     reserved_slots: 1,
                     ..Default::default()
                 },
-                default_output_tokens: 1,
+                estimator: std::sync::Arc::new(crate::estimate::Estimator::new(
+                    &Default::default(),
+                    &Default::default(),
+                )),
             },
             &[],
         );

@@ -116,7 +116,12 @@ where
             };
             let tenant = id.tenant.id.clone();
             let limits = adm.limits(&tenant);
-            let est = estimate(req.body(), ext.get::<Parsed>());
+            let est = estimate(
+                req.body(),
+                ext.get::<Parsed>(),
+                ext.get::<crate::estimate::Estimate>(),
+                adm.default_output,
+            );
             // 1. Size caps.
             if est.input > limits.max_input_tokens {
                 return Err(AdmissionError::InputTooLarge {

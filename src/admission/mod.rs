@@ -35,7 +35,7 @@ pub use layer::{ActualTokens, Layer, Service};
 use crate::body::Parsed;
 use crate::config::{Config, TenantLimits};
 use crate::domain::{TenantId, Tokens};
-use crate::queue::{FairQueue, DEFAULT_OUTPUT_TOKENS};
+use crate::queue::FairQueue;
 use capacity::PoolCapacity;
 use rate::{MemoryStore, RateStore};
 use retry::{RetryPolicy, RetryStats};
@@ -49,13 +49,20 @@ pub struct Estimate {
     pub total: Tokens,
 }
 
-/// The one admission-time estimate (swap this for the estimation stage's): ~4 body bytes per
-/// input token, plus `max_tokens` or [`DEFAULT_OUTPUT_TOKENS`].
-pub fn estimate(body: &Bytes, parsed: Option<&Parsed>) -> Estimate {
-    let input = (body.len() as u64).div_ceil(4);
-    let output = parsed
-        .and_then(|p| p.max_tokens)
-        .unwrap_or(DEFAULT_OUTPUT_TOKENS);
+/// The one admission-time estimate, in raw tokens (what `tokens_per_minute` counts): the
+/// estimation stage's counted input when it ran (else ~4 body bytes per token), plus the
+/// request's output cap or `default_output` (`[estimate] default_output_tokens`).
+pub fn estimate(
+    body: &Bytes,
+    parsed: Option<&Parsed>,
+    counted: Option<&crate::estimate::Estimate>,
+    default_output: u64,
+) -> Estimate {
+    let input = counted.map_or((body.len() as u64).div_ceil(4), |c| c.input.tokens);
+    let output = counted
+        .and_then(|c| c.max_output_tokens)
+        .or_else(|| parsed.and_then(|p| p.max_tokens))
+        .unwrap_or(default_output);
     Estimate {
         input,
         total: Tokens(input.saturating_add(output)),
@@ -73,6 +80,8 @@ pub struct Admission {
     policy: RetryPolicy,
     limits: HashMap<TenantId, TenantLimits>,
     default_limits: TenantLimits,
+    /// Output tokens assumed when a request names no cap (`[estimate] default_output_tokens`).
+    pub default_output: u64,
     pools: Arc<[Arc<FairQueue>]>,
 }
 
@@ -117,6 +126,7 @@ impl Admission {
                 max_queue_wait_ms: a.max_queue_wait_ms,
                 ..TenantLimits::default()
             },
+            default_output: config.estimate.default_output_tokens,
             pools,
         })
     }

@@ -32,6 +32,56 @@ pub struct Config {
     /// `[admission]`: size caps, deadlines and upstream retries.
     #[serde(default)]
     pub admission: AdmissionConfig,
+    /// `[estimate]`: how a request's cost is estimated.
+    #[serde(default)]
+    pub estimate: EstimateConfig,
+    /// `[models."NAME"]`: per-model cost weight and tokenizer override.
+    #[serde(default)]
+    pub models: BTreeMap<String, ModelConfig>,
+}
+
+/// `[estimate]`: cost = (input × input_weight + output × output_weight + tool_call_tokens ×
+/// allowed tool calls) × the model's weight.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EstimateConfig {
+    /// Weight of an input token.
+    pub input_weight: f64,
+    /// Weight of an output token.
+    pub output_weight: f64,
+    /// Tokens budgeted per allowed tool call.
+    pub tool_call_tokens: u64,
+    /// Output tokens assumed before a (tenant, model) has history.
+    pub default_output_tokens: u64,
+    /// Tokenizer of models tiktoken-rs does not know.
+    pub default_encoding: String,
+    /// Text bytes per request counted exactly; the rest is extrapolated.
+    pub max_exact_bytes: usize,
+}
+
+impl Default for EstimateConfig {
+    fn default() -> Self {
+        Self {
+            input_weight: 1.0,
+            output_weight: 1.5,
+            tool_call_tokens: 2000,
+            default_output_tokens: 512,
+            default_encoding: "o200k_base".to_owned(),
+            max_exact_bytes: 256 * 1024,
+        }
+    }
+}
+
+/// `[models."NAME"]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// Cost multiplier of this model.
+    #[serde(default = "one")]
+    pub weight: f64,
+    /// Tokenizer override (e.g. `cl100k_base`).
+    #[serde(default)]
+    pub encoding: Option<String>,
 }
 
 /// `[admission]`: defaults of the per-plan/tenant caps, and the upstream retry policy.

@@ -60,6 +60,36 @@ macro_rules! limit_fields {
     };
 }
 
+fn validate_estimate(c: &Config) -> Result<(), ConfigError> {
+    let e = &c.estimate;
+    for (k, w) in [
+        ("estimate.input_weight", e.input_weight),
+        ("estimate.output_weight", e.output_weight),
+    ] {
+        if !(w.is_finite() && w >= 0.0) {
+            return Err(invalid(k, format!("must be a number >= 0, got {w}")));
+        }
+    }
+    if crate::estimate::Encoding::parse(&e.default_encoding).is_none() {
+        return Err(invalid(
+            "estimate.default_encoding",
+            format!("unknown encoding {:?}", e.default_encoding),
+        ));
+    }
+    for (name, m) in &c.models {
+        positive_weight(format!("models.{name:?}.weight"), m.weight)?;
+        if let Some(enc) = &m.encoding {
+            if crate::estimate::Encoding::parse(enc).is_none() {
+                return Err(invalid(
+                    format!("models.{name:?}.encoding"),
+                    format!("unknown encoding {enc:?}"),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Checks everything the schema cannot express.
 pub fn validate(c: &Config) -> Result<(), ConfigError> {
     let a = &c.admission;
@@ -87,6 +117,7 @@ pub fn validate(c: &Config) -> Result<(), ConfigError> {
     if c.server.max_body_bytes == 0 {
         return Err(invalid("server.max_body_bytes", "must be > 0"));
     }
+    validate_estimate(c)?;
     let s = &c.scheduler;
     if s.quantum == 0 {
         return Err(invalid("scheduler.quantum", "must be > 0"));

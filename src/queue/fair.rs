@@ -8,15 +8,23 @@ use tokio::time::Instant;
 
 use super::permit::Permit;
 use crate::domain::{TenantId, Tokens, Weight};
+use crate::estimate::{Estimator, OutputKey};
 use crate::scheduler::{self, Class, QueueFull, Scheduler, Slot, Ticket};
 
-/// What the cost of a queued request is computed from, at dispatch time.
+/// What the cost of a queued request is computed from, at dispatch time
+/// ([`Estimator::cost`]: the output estimate is the one of that moment).
 #[derive(Clone, Debug, Default)]
 pub struct CostInputs {
     /// Input tokens (counted, or estimated from the body size).
     pub input_tokens: u64,
     /// The request's output cap (`max_tokens` and friends), if any.
     pub max_output_tokens: Option<u64>,
+    /// Whose learned output estimate applies (none: the configured default).
+    pub output_key: Option<OutputKey>,
+    /// Tool calls the request allows (each costs the configured tool budget).
+    pub tool_calls: u64,
+    /// The model's cost weight.
+    pub model_weight: Weight,
 }
 
 /// Pool-level settings of a fair queue.
@@ -24,8 +32,8 @@ pub struct CostInputs {
 pub struct QueueSettings {
     /// The scheduler's configuration (policy, quantum, capacity, caps, classes).
     pub scheduler: scheduler::Config,
-    /// Output tokens assumed when a request names no cap (until estimates are learned).
-    pub default_output_tokens: u64,
+    /// Prices requests at dispatch (weights, learned output estimates); shared by all pools.
+    pub estimator: Arc<Estimator>,
 }
 
 /// Per-tenant settings of a fair queue.
@@ -58,7 +66,7 @@ pub(super) struct Waiter {
 
 pub(super) struct Inner {
     pub sched: Scheduler<Waiter>,
-    default_output: u64,
+    estimator: Arc<Estimator>,
     /// Exponentially weighted mean time a permit is held, seconds.
     service_s: f64,
     /// The configured class weights (batch is scaled down from these when degraded).
@@ -99,7 +107,7 @@ impl FairQueue {
         Arc::new(Self {
             inner: Mutex::new(Inner {
                 sched,
-                default_output: settings.default_output_tokens,
+                estimator: settings.estimator,
                 service_s: 1.0,
                 class_weights,
             }),
@@ -156,10 +164,10 @@ impl FairQueue {
     pub(super) fn pump(self: &Arc<Self>, inner: &mut Inner) -> Vec<Permit> {
         let mut failed = Vec::new();
         let now = self.now();
-        let default_output = inner.default_output;
+        let estimator = inner.estimator.clone();
         while let Some(g) = inner
             .sched
-            .dispatch(now, &mut |w: &Waiter| cost_now(&w.cost, default_output))
+            .dispatch(now, &mut |w: &Waiter| cost_now(&w.cost, &estimator))
         {
             let permit = Permit::new(self.clone(), g.slot, g.waited);
             if let Err(permit) = g.item.tx.send(permit) {
@@ -254,9 +262,10 @@ impl Inner {
     }
 }
 
-/// The cost charged at dispatch: input + the output estimate of the moment.
-fn cost_now(c: &CostInputs, default_output: u64) -> Tokens {
-    Tokens(c.input_tokens + c.max_output_tokens.unwrap_or(default_output))
+/// The cost charged at dispatch: input + the output estimate of the moment, weighted. Takes the
+/// estimator's history lock (a leaf lock) under the queue's lock; never the other way round.
+fn cost_now(c: &CostInputs, estimator: &Estimator) -> Tokens {
+    estimator.cost(c)
 }
 
 /// Removes a still-queued request when its waiter goes away.

@@ -3,7 +3,8 @@
 //!
 //! Invariants: the permit is acquired after routing (the queue is per pool) and before the
 //! upstream call; it is released when the response body ends or is dropped, or when the request
-//! fails or is cancelled before a response exists. A client that disconnects while queued drops
+//! fails or is cancelled before a response exists. A 2xx response to an estimated request hands
+//! the permit to the `usage` observer, which sets its actual cost before releasing it. A client that disconnects while queued drops
 //! this future, which removes the request without charge.
 
 use std::sync::Arc;
@@ -14,23 +15,32 @@ use futures_util::future::BoxFuture;
 use http::{header, HeaderValue, Request, Response, StatusCode};
 
 use super::fair::{CostInputs, FairQueue, QueueError};
-use crate::admission::{Deadline, Error as AdmissionError};
+use super::permit::Permit;
+use crate::admission::{ActualTokens, Deadline, Error as AdmissionError};
 use crate::body::Parsed;
 use crate::error::{ApiError, Error};
+use crate::estimate::{Estimate, Estimator};
 use crate::response::ResponseBody;
 use crate::route::Route;
 use crate::tenant::Identity;
 use crate::upstream::QueueMs;
+use crate::usage;
 
-/// Holds the pools' queues, indexed like `[[upstreams]]`.
+/// Holds the pools' queues, indexed like `[[upstreams]]`, and the estimator that reconciles.
 #[derive(Clone)]
-pub struct Layer(pub Arc<[Arc<FairQueue>]>);
+pub struct Layer {
+    /// One queue per pool.
+    pub pools: Arc<[Arc<FairQueue>]>,
+    /// Reconciles completed requests (learned estimates, statistics).
+    pub estimator: Arc<Estimator>,
+}
 
 impl<S> tower::Layer<S> for Layer {
     type Service = Service<S>;
     fn layer(&self, inner: S) -> Self::Service {
         Service {
-            pools: self.0.clone(),
+            pools: self.pools.clone(),
+            estimator: self.estimator.clone(),
             inner,
         }
     }
@@ -40,6 +50,7 @@ impl<S> tower::Layer<S> for Layer {
 #[derive(Clone)]
 pub struct Service<S> {
     pools: Arc<[Arc<FairQueue>]>,
+    estimator: Arc<Estimator>,
     inner: S,
 }
 
@@ -64,6 +75,7 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let pools = self.pools.clone();
+        let estimator = self.estimator.clone();
         Box::pin(async move {
             let ext = req.extensions();
             let (Some(id), Some(route)) = (ext.get::<Identity>(), ext.get::<Route>()) else {
@@ -74,7 +86,11 @@ where
                 .get(route.index)
                 .ok_or(Error::Internal("no queue for the routed pool"))?
                 .clone();
-            let cost = cost_inputs(req.body(), ext.get::<Parsed>());
+            let estimate = ext.get::<Estimate>().cloned();
+            let cost = match &estimate {
+                Some(e) => e.cost_inputs(),
+                None => cost_inputs(req.body(), ext.get::<Parsed>()),
+            };
             let tenant = id.tenant.id.clone();
             let acquire = pool.acquire(&tenant, id.class, id.recovery, cost);
             // A deadline removes the request from the queue when it passes (the cancel guard of
@@ -87,20 +103,52 @@ where
             };
             req.extensions_mut()
                 .insert(QueueMs(permit.waited().as_millis() as u64));
-            let mut res = inner.call(req).await?;
-            res.body_mut().attach(Box::new(permit));
-            Ok(res)
+            let actual = req.extensions().get::<ActualTokens>().cloned();
+            let res = inner.call(req).await?;
+            Ok(match estimate {
+                Some(e) if res.status().is_success() => {
+                    observe(res, &e, &estimator, permit, actual)
+                }
+                _ => {
+                    let mut res = res;
+                    res.body_mut().attach(Box::new(permit));
+                    res
+                }
+            })
         })
     }
 }
 
-/// A first estimate until the estimation stage exists: ~4 bytes per input token, plus the
-/// request's output cap (or the pool default, applied at dispatch).
+/// Without an estimate (a request the estimate stage did not count): ~4 bytes per input token,
+/// plus the request's output cap (or the default, applied at dispatch).
 fn cost_inputs(body: &Bytes, parsed: Option<&Parsed>) -> CostInputs {
     CostInputs {
         input_tokens: (body.len() as u64).div_ceil(4),
         max_output_tokens: parsed.and_then(|p| p.max_tokens),
+        ..CostInputs::default()
     }
+}
+
+/// Wraps a 2xx response body in the usage observer, which owns the permit and reconciles it.
+fn observe(
+    res: Response<ResponseBody>,
+    estimate: &Estimate,
+    estimator: &Arc<Estimator>,
+    permit: Permit,
+    actual: Option<ActualTokens>,
+) -> Response<ResponseBody> {
+    let (mut head, body) = res.into_parts();
+    let sse = head
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    if sse && estimate.strip_usage {
+        // Removing a chunk changes the length.
+        head.headers.remove(header::CONTENT_LENGTH);
+    }
+    let body = usage::Body::new(body, estimate, estimator.clone(), permit, sse, actual);
+    Response::from_parts(head, ResponseBody::boxed(body))
 }
 
 impl ApiError for QueueError {

@@ -22,6 +22,6 @@ pub use body::PermitBody;
 pub use fair::{CostInputs, FairQueue, QueueError, QueueSettings, TenantSettings, WaitInputs};
 pub use layer::{Layer, Service};
 pub use permit::Permit;
-pub use pools::{pools, scheduler_config, DEFAULT_OUTPUT_TOKENS};
+pub use pools::{pools, scheduler_config};
 #[cfg(test)]
 mod tests;

@@ -6,11 +6,9 @@ use std::time::Duration;
 use super::fair::{FairQueue, QueueSettings, TenantSettings};
 use crate::config::{self, Config};
 use crate::domain::{Tokens, Weight};
+use crate::estimate::Estimator;
 use crate::scheduler;
 use crate::tenant::Directory;
-
-/// Output tokens assumed for a request that names no cap, until estimates are learned.
-pub const DEFAULT_OUTPUT_TOKENS: u64 = 512;
 
 /// The scheduler settings of one pool of `max_concurrency` slots.
 pub fn scheduler_config(s: &config::SchedulerConfig, max_concurrency: usize) -> scheduler::Config {
@@ -29,8 +27,12 @@ pub fn scheduler_config(s: &config::SchedulerConfig, max_concurrency: usize) -> 
     }
 }
 
-/// One queue per upstream pool, each knowing every tenant.
-pub fn pools(config: &Config, tenants: &Directory) -> Arc<[Arc<FairQueue>]> {
+/// One queue per upstream pool, each knowing every tenant, all pricing with `estimator`.
+pub fn pools(
+    config: &Config,
+    tenants: &Directory,
+    estimator: &Arc<Estimator>,
+) -> Arc<[Arc<FairQueue>]> {
     let specs: Vec<_> = tenants
         .tenants()
         .map(|t| {
@@ -50,7 +52,7 @@ pub fn pools(config: &Config, tenants: &Directory) -> Arc<[Arc<FairQueue>]> {
         .map(|u| {
             let settings = QueueSettings {
                 scheduler: scheduler_config(&config.scheduler, u.max_concurrency),
-                default_output_tokens: DEFAULT_OUTPUT_TOKENS,
+                estimator: estimator.clone(),
             };
             FairQueue::new(settings, &specs)
         })

@@ -21,7 +21,15 @@ fn queue(capacity: u32) -> (Arc<FairQueue>, TenantId, TenantId) {
                 capacity,
                 ..scheduler::Config::default()
             },
-            default_output_tokens: 256,
+            estimator: Arc::new(crate::estimate::Estimator::new(
+                &crate::config::EstimateConfig {
+                    input_weight: 1.0,
+                    output_weight: 1.0,
+                    default_output_tokens: 256,
+                    ..Default::default()
+                },
+                &Default::default(),
+            )),
         },
         &[(a.clone(), spec.clone()), (b.clone(), spec)],
     );
@@ -31,7 +39,7 @@ fn queue(capacity: u32) -> (Arc<FairQueue>, TenantId, TenantId) {
 fn cost() -> CostInputs {
     CostInputs {
         input_tokens: 100,
-        max_output_tokens: None,
+        ..CostInputs::default()
     }
 }
 

@@ -27,12 +27,13 @@ use tower::ServiceBuilder;
 
 use crate::admission::{self, Admission};
 use crate::config::{Config, ConfigError};
+use crate::estimate::Estimator;
 use crate::queue::FairQueue;
 use crate::response::{BoxError, ResponseBody};
 use crate::route::Router;
 use crate::tenant::Directory;
 use crate::upstream::Upstream;
-use crate::{body, edge, health, queue, route, tenant, upstream};
+use crate::{body, edge, estimate, health, queue, route, tenant, upstream};
 
 /// Everything the stack shares, built once from a validated [`Config`].
 #[derive(Debug, Clone)]
@@ -49,6 +50,9 @@ pub struct State {
     pub pools: Arc<[Arc<FairQueue>]>,
     /// Admission: rate stores, learned pool capacity, retry counters.
     pub admission: Arc<Admission>,
+    /// Counts input tokens, prices requests at dispatch, learns output lengths, keeps the
+    /// estimate-error statistics (`estimator.stats()`).
+    pub estimator: Arc<Estimator>,
     /// `/readyz` flag.
     pub ready: Arc<AtomicBool>,
 }
@@ -64,10 +68,12 @@ impl State {
             .enumerate()
             .map(|(i, u)| Upstream::from_config(u, i, env).map(Arc::new))
             .collect::<Result<Vec<_>, _>>()?;
-        let pools = queue::pools(&config, &tenants);
+        let estimator = Arc::new(Estimator::new(&config.estimate, &config.models));
+        let pools = queue::pools(&config, &tenants, &estimator);
         let admission = Admission::new(&config, pools.clone());
         Ok(Self {
             admission,
+            estimator,
             router: Arc::new(Router::new(upstreams.clone())),
             pools,
             config: Arc::new(config),
@@ -108,14 +114,21 @@ where
         })
         // Pick the upstream pool from the model: the fair queue below is per pool.
         .layer(route::Layer(state.router.clone()))
+        // Count input tokens (after routing: an unroutable model costs no counting) and ask for
+        // usage on a stream's behalf; admission and the queue below price the request from it.
+        .layer(estimate::Layer::new(state.estimator.clone()))
         // Admission: size caps, deadline feasibility and the tenant's rate limits, after routing
-        // (the wait is predicted from the routed pool's queue) and before queueing, so nothing
-        // that must be refused ever takes a queue slot or a share of the pool.
+        // (the wait is predicted from the routed pool's queue) and estimation (the charge is the
+        // estimate), before queueing, so nothing that must be refused takes a queue slot.
         .layer(admission::Layer(state.admission.clone()))
         // The fair queue of the routed pool: waits for a permit (weighted DRR in tokens), sets
         // x-fairgate-queue-ms, and ties the permit to the response body so the pool slot lives
         // exactly as long as the stream. After routing (queues are per pool), before upstream.
-        .layer(queue::Layer(state.pools.clone()))
+        // A 2xx body is observed for `usage` and reconciled when it ends or is dropped.
+        .layer(queue::Layer {
+            pools: state.pools.clone(),
+            estimator: state.estimator.clone(),
+        })
         // Upstream feedback and retries, inside the permit: every answer teaches the pool's
         // learned capacity, and a 429/502/503 with nothing yet sent to the client is retried
         // while the request keeps its slot (so a retry never jumps the fair queue).
@@ -147,6 +160,8 @@ pub struct ServerHandle {
     pub pools: Arc<[Arc<FairQueue>]>,
     /// Admission state (learned capacity, retry counters; for introspection).
     pub admission: Arc<Admission>,
+    /// The estimator (learned history, estimate-error statistics).
+    pub estimator: Arc<Estimator>,
     stop: watch::Sender<bool>,
     join: JoinHandle<()>,
 }
@@ -173,6 +188,7 @@ pub async fn start(config: Config, listener: TcpListener) -> Result<ServerHandle
     let state = State::new(config)?;
     let pools = state.pools.clone();
     let admission = state.admission.clone();
+    let estimator = state.estimator.clone();
     let grace = Duration::from_millis(state.config.server.shutdown_grace_ms);
     let service = TowerToHyperService::new(stack::<hyper::body::Incoming>(&state));
     let mut builder = auto::Builder::new(TokioExecutor::new());
@@ -243,6 +259,7 @@ pub async fn start(config: Config, listener: TcpListener) -> Result<ServerHandle
         addr,
         pools,
         admission,
+        estimator,
         stop,
         join,
     })

@@ -1,0 +1,161 @@
+//! The estimate stage in the tower stack: counts input tokens (inline for small bodies, on the
+//! bounded blocking pool for large ones), rewrites a stream request to ask for usage when the
+//! client did not, and inserts an [`Estimate`] for the fair queue and the `usage` stage.
+//!
+//! Invariants: runs after routing (an unroutable model costs no counting) and before the queue;
+//! requests without a parsed JSON body or identity pass through untouched; the body is rewritten
+//! at most once, and only to set `stream_options.include_usage = true`.
+
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
+use http::{Request, Response};
+use serde_json::Value;
+use tokio::sync::Semaphore;
+
+use super::{Endpoint, Error, Estimate, Estimator, OutputKey};
+use crate::body::Parsed;
+use crate::response::ResponseBody;
+use crate::tenant::Identity;
+
+/// Bodies up to this size are counted on the runtime worker (well under a millisecond).
+pub const INLINE_MAX_BYTES: usize = 64 * 1024;
+/// Large bodies counted on the blocking pool at once; more wait for a turn.
+pub const BLOCKING_PERMITS: usize = 4;
+
+/// Holds the shared estimator and the blocking-pool semaphore (cloning shares both).
+#[derive(Clone)]
+pub struct Layer {
+    estimator: Arc<Estimator>,
+    blocking: Arc<Semaphore>,
+}
+
+impl Layer {
+    /// A layer counting with `estimator`.
+    pub fn new(estimator: Arc<Estimator>) -> Self {
+        Self {
+            estimator,
+            blocking: Arc::new(Semaphore::new(BLOCKING_PERMITS)),
+        }
+    }
+}
+
+impl<S> tower::Layer<S> for Layer {
+    type Service = Service<S>;
+    fn layer(&self, inner: S) -> Service<S> {
+        Service {
+            layer: self.clone(),
+            inner,
+        }
+    }
+}
+
+/// See the module docs.
+#[derive(Clone)]
+pub struct Service<S> {
+    layer: Layer,
+    inner: S,
+}
+
+impl<S> tower::Service<Request<Bytes>> for Service<S>
+where
+    S: tower::Service<Request<Bytes>, Response = Response<ResponseBody>, Error = crate::Error>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    type Response = Response<ResponseBody>;
+    type Error = crate::Error;
+    type Future = BoxFuture<'static, Result<Self::Response, crate::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), crate::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: Request<Bytes>) -> Self::Future {
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let layer = self.layer.clone();
+        Box::pin(async move {
+            let endpoint = Endpoint::of_path(req.uri().path());
+            let tenant = req
+                .extensions()
+                .get::<Identity>()
+                .map(|i| i.tenant.id.clone());
+            let parsed = req.extensions_mut().remove::<Parsed>();
+            let (Some(endpoint), Some(tenant), Some(parsed)) = (endpoint, tenant, parsed) else {
+                return inner.call(req).await;
+            };
+            let est = &layer.estimator;
+            let (input, parsed) = if req.body().len() <= INLINE_MAX_BYTES {
+                (est.count(endpoint, &parsed.model, &parsed.value), parsed)
+            } else {
+                let _turn = layer
+                    .blocking
+                    .clone()
+                    .acquire_owned()
+                    .await
+                    .map_err(|_| Error::Counting)?;
+                let est = est.clone();
+                tokio::task::spawn_blocking(move || {
+                    (est.count(endpoint, &parsed.model, &parsed.value), parsed)
+                })
+                .await
+                .map_err(|_| Error::Counting)?
+            };
+            let input = input?;
+            let strip_usage = asks_usage_for_client(endpoint, &parsed);
+            if strip_usage {
+                if let Some(body) = with_include_usage(&parsed.value) {
+                    *req.body_mut() = body;
+                }
+            }
+            let estimate = Estimate {
+                endpoint,
+                input,
+                max_output_tokens: if endpoint == Endpoint::Embeddings {
+                    Some(0)
+                } else {
+                    parsed.max_tokens
+                },
+                key: OutputKey::new(tenant, &parsed.model),
+                model_weight: est.model_weight(&parsed.model),
+                encoding: est.encoding(&parsed.model),
+                stream: parsed.stream,
+                strip_usage,
+            };
+            req.extensions_mut().insert(estimate);
+            req.extensions_mut().insert(parsed);
+            inner.call(req).await
+        })
+    }
+}
+
+/// Whether usage must be asked for on the client's behalf: a chat or completions stream whose
+/// `stream_options` (absent or an object) does not already ask for it.
+fn asks_usage_for_client(endpoint: Endpoint, p: &Parsed) -> bool {
+    matches!(endpoint, Endpoint::Chat | Endpoint::Completions)
+        && p.stream
+        && !p.include_usage
+        && p.value
+            .get("stream_options")
+            .is_none_or(|o| o.is_object() || o.is_null())
+}
+
+/// The body with `stream_options.include_usage = true`.
+fn with_include_usage(value: &Value) -> Option<Bytes> {
+    let mut v = value.clone();
+    let obj = v.as_object_mut()?;
+    let opts = obj
+        .entry("stream_options")
+        .or_insert_with(|| Value::Object(Default::default()));
+    if opts.is_null() {
+        *opts = Value::Object(Default::default());
+    }
+    opts.as_object_mut()?
+        .insert("include_usage".into(), Value::Bool(true));
+    serde_json::to_vec(&v).ok().map(Bytes::from)
+}

@@ -1,0 +1,268 @@
+//! Counting text with a tiktoken encoding, with a bounded CPU cost and a content-hash cache.
+//!
+//! Invariants:
+//! - BPEs are tiktoken-rs's process-wide singletons: each encoding is loaded once, lazily, on
+//!   first use, and shared (`&'static`) by every request.
+//! - A request counts at most its [`Budget`] of text bytes exactly. Text past the budget is
+//!   extrapolated at the bytes-per-token ratio measured on the exactly counted prefix of the same
+//!   string (or, with no prefix, on everything counted so far in the request, or 4 bytes/token).
+//!   So one 4 MB word, random letters or base64 cost at most `max_exact_bytes` of BPE work.
+//! - The cache maps a 64-bit hash of (encoding, text) to its exact count; it holds at most
+//!   `capacity` entries (two generations of `capacity / 2`; the older is dropped when the newer
+//!   fills), is only locked to look up and to insert — never while counting — and only stores
+//!   strings of at least [`CACHE_MIN_BYTES`] (short strings are cheaper to count than to hash).
+
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::sync::Mutex;
+
+use tiktoken_rs::tokenizer::Tokenizer;
+use tiktoken_rs::CoreBPE;
+
+/// Strings shorter than this are counted, not cached.
+pub const CACHE_MIN_BYTES: usize = 64;
+
+/// A tiktoken encoding, by its tiktoken name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Encoding(Tokenizer);
+
+impl Encoding {
+    /// `o200k_base`, the default for unknown models.
+    pub const O200K: Encoding = Encoding(Tokenizer::O200kBase);
+    /// `cl100k_base`.
+    pub const CL100K: Encoding = Encoding(Tokenizer::Cl100kBase);
+
+    /// Parses a tiktoken encoding name (`o200k_base`, `cl100k_base`, …).
+    pub fn parse(name: &str) -> Option<Self> {
+        Some(Encoding(match name {
+            "o200k_base" => Tokenizer::O200kBase,
+            "o200k_harmony" => Tokenizer::O200kHarmony,
+            "cl100k_base" => Tokenizer::Cl100kBase,
+            "p50k_base" => Tokenizer::P50kBase,
+            "p50k_edit" => Tokenizer::P50kEdit,
+            "r50k_base" => Tokenizer::R50kBase,
+            "gpt2" => Tokenizer::Gpt2,
+            _ => return None,
+        }))
+    }
+
+    /// The encoding tiktoken-rs's own model map gives `model`, if it knows the model.
+    pub fn for_model(model: &str) -> Option<Self> {
+        tiktoken_rs::tokenizer::get_tokenizer(model).map(Encoding)
+    }
+
+    /// The shared BPE (loaded on first use).
+    pub fn bpe(self) -> &'static CoreBPE {
+        tiktoken_rs::bpe_for_tokenizer(self.0).expect("bundled encodings always load")
+    }
+}
+
+/// A token count and how it was obtained.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Count {
+    /// Tokens (exact, or exact prefix + extrapolated rest).
+    pub tokens: u64,
+    /// Whether any part was extrapolated rather than counted.
+    pub extrapolated: bool,
+}
+
+/// Per-request bookkeeping: exact bytes left, and the ratio measured so far.
+#[derive(Debug)]
+pub struct Budget {
+    remaining: usize,
+    counted_bytes: u64,
+    counted_tokens: u64,
+    /// Whether anything in this request was extrapolated.
+    pub extrapolated: bool,
+}
+
+impl Budget {
+    /// A budget of `max_exact_bytes` exactly counted bytes.
+    pub fn new(max_exact_bytes: usize) -> Self {
+        Self {
+            remaining: max_exact_bytes,
+            counted_bytes: 0,
+            counted_tokens: 0,
+            extrapolated: false,
+        }
+    }
+
+    fn bytes_per_token(&self) -> f64 {
+        if self.counted_tokens == 0 {
+            4.0
+        } else {
+            self.counted_bytes as f64 / self.counted_tokens as f64
+        }
+    }
+}
+
+/// The content-hash cache of exact counts; see the module docs.
+#[derive(Debug)]
+pub struct Cache {
+    half: usize,
+    maps: Mutex<[HashMap<u64, u32>; 2]>,
+}
+
+impl Cache {
+    /// A cache of at most `capacity` entries.
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            half: (capacity / 2).max(1),
+            maps: Mutex::new([HashMap::new(), HashMap::new()]),
+        }
+    }
+
+    fn get(&self, key: u64) -> Option<u32> {
+        let maps = self.maps.lock().unwrap_or_else(|p| p.into_inner());
+        maps[0].get(&key).or_else(|| maps[1].get(&key)).copied()
+    }
+
+    fn put(&self, key: u64, tokens: u32) {
+        let mut maps = self.maps.lock().unwrap_or_else(|p| p.into_inner());
+        if maps[0].len() >= self.half {
+            let newer = std::mem::take(&mut maps[0]);
+            maps[1] = newer;
+        }
+        maps[0].insert(key, tokens);
+    }
+
+    /// Entries held (for tests and metrics).
+    pub fn len(&self) -> usize {
+        let maps = self.maps.lock().unwrap_or_else(|p| p.into_inner());
+        maps[0].len() + maps[1].len()
+    }
+
+    /// Whether the cache is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+fn key(enc: Encoding, text: &str) -> u64 {
+    let mut h = std::hash::DefaultHasher::new();
+    enc.hash(&mut h);
+    text.hash(&mut h);
+    h.finish()
+}
+
+fn floor_char_boundary(s: &str, mut i: usize) -> usize {
+    if i >= s.len() {
+        return s.len();
+    }
+    while !s.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
+}
+
+/// Counts `text`, within `budget`, through `cache`; see the module docs.
+pub fn count(enc: Encoding, text: &str, budget: &mut Budget, cache: Option<&Cache>) -> Count {
+    if text.is_empty() {
+        return Count::default();
+    }
+    let cacheable = text.len() >= CACHE_MIN_BYTES && text.len() <= budget.remaining;
+    let k = cacheable.then(|| key(enc, text));
+    if let (Some(k), Some(cache)) = (k, cache) {
+        if let Some(n) = cache.get(k) {
+            budget.remaining -= text.len();
+            budget.counted_bytes += text.len() as u64;
+            budget.counted_tokens += u64::from(n);
+            return Count {
+                tokens: u64::from(n),
+                extrapolated: false,
+            };
+        }
+    }
+    let exact_len = floor_char_boundary(text, budget.remaining);
+    let exact = enc.bpe().encode_ordinary(&text[..exact_len]).len() as u64;
+    budget.remaining -= exact_len;
+    budget.counted_bytes += exact_len as u64;
+    budget.counted_tokens += exact;
+    let rest = text.len() - exact_len;
+    if rest == 0 {
+        if let (Some(k), Some(cache)) = (k, cache) {
+            cache.put(k, u32::try_from(exact).unwrap_or(u32::MAX));
+        }
+        return Count {
+            tokens: exact,
+            extrapolated: false,
+        };
+    }
+    // Past the budget: the prefix's own ratio when it is long enough to mean something.
+    let ratio = if exact_len >= 1024 && exact > 0 {
+        exact_len as f64 / exact as f64
+    } else {
+        budget.bytes_per_token()
+    };
+    budget.extrapolated = true;
+    Count {
+        tokens: exact + (rest as f64 / ratio.max(1.0)).ceil() as u64,
+        extrapolated: true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_and_caches() {
+        let cache = Cache::new(4);
+        let mut b = Budget::new(1 << 20);
+        let text = "The quick brown fox jumps over the lazy dog, again and again and again.";
+        let n = count(Encoding::O200K, text, &mut b, Some(&cache));
+        assert!(!n.extrapolated && n.tokens > 10);
+        assert_eq!(cache.len(), 1);
+        assert_eq!(count(Encoding::O200K, text, &mut b, Some(&cache)), n);
+        assert_eq!(
+            count(Encoding::O200K, "hello", &mut b, Some(&cache)).tokens,
+            1
+        );
+        for i in 0..10 {
+            let t = format!("{text} {i}");
+            count(Encoding::CL100K, &t, &mut b, Some(&cache));
+        }
+        assert!(cache.len() <= 4, "bounded: {}", cache.len());
+    }
+
+    #[test]
+    fn hostile_text_is_extrapolated_past_the_budget() {
+        let word = "a".repeat(4 << 20);
+        let mut b = Budget::new(64 * 1024);
+        let n = count(Encoding::O200K, &word, &mut b, None);
+        assert!(n.extrapolated && b.extrapolated);
+        // Exactly 64 KiB were counted; the estimate scales to the full length.
+        assert_eq!(b.counted_bytes, 64 * 1024);
+        let exact_prefix = Encoding::O200K
+            .bpe()
+            .encode_ordinary(&word[..64 * 1024])
+            .len();
+        let ratio = (64 * 1024) as f64 / exact_prefix as f64;
+        let expected = (word.len() as f64 / ratio) as u64;
+        assert!(
+            n.tokens.abs_diff(expected) <= 2,
+            "{} vs {expected}",
+            n.tokens
+        );
+        // The budget is spent: the next string is extrapolated at the measured ratio.
+        let m = count(Encoding::O200K, "hello world", &mut b, None);
+        assert!(m.extrapolated && m.tokens >= 1);
+    }
+
+    #[test]
+    fn multibyte_text_is_cut_on_a_char_boundary() {
+        let text = "é".repeat(1000);
+        let mut b = Budget::new(1001);
+        let n = count(Encoding::CL100K, &text, &mut b, None);
+        assert!(n.extrapolated && n.tokens > 0);
+    }
+
+    #[test]
+    fn encodings_parse_and_map_models() {
+        assert_eq!(Encoding::parse("cl100k_base"), Some(Encoding::CL100K));
+        assert_eq!(Encoding::parse("nope"), None);
+        assert_eq!(Encoding::for_model("gpt-4o-mini"), Some(Encoding::O200K));
+        assert_eq!(Encoding::for_model("gpt-3.5-turbo"), Some(Encoding::CL100K));
+        assert_eq!(Encoding::for_model("llama-3.1-70b"), None);
+    }
+}

@@ -1,0 +1,202 @@
+//! What a response says about its cost: `usage` in any of OpenAI's shapes, and the generated
+//! text (for counting when usage never comes).
+//!
+//! Shapes: chat/completions `usage.prompt_tokens`/`completion_tokens`; Responses API
+//! `usage.input_tokens`/`output_tokens` (top level, or under `response` in streamed events);
+//! embeddings `usage.prompt_tokens` only. Text: `choices[].delta.content` (chat chunks),
+//! `choices[].message.content` (chat JSON), `choices[].text` (completions), a string `delta`
+//! (Responses `*.delta` events), and tool-call arguments.
+//!
+//! Invariants: parsing never fails loudly (a document that does not parse says nothing); the
+//! kept text is bounded by `max_text` bytes, the bytes past it are only counted.
+
+use std::borrow::Cow;
+
+use serde::Deserialize;
+
+/// Token counts from a `usage` object.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+pub struct Usage {
+    /// `prompt_tokens` or `input_tokens`.
+    #[serde(alias = "input_tokens", default)]
+    pub prompt_tokens: Option<u64>,
+    /// `completion_tokens` or `output_tokens`.
+    #[serde(alias = "output_tokens", default)]
+    pub completion_tokens: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct Doc<'a> {
+    #[serde(default)]
+    usage: Option<Usage>,
+    #[serde(default)]
+    response: Option<Inner>,
+    #[serde(default, borrow)]
+    choices: Option<Vec<Choice<'a>>>,
+    #[serde(default, borrow)]
+    delta: Option<StrOrAny<'a>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct Inner {
+    #[serde(default)]
+    usage: Option<Usage>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct Choice<'a> {
+    #[serde(default, borrow)]
+    delta: Option<Message<'a>>,
+    #[serde(default, borrow)]
+    message: Option<Message<'a>>,
+    #[serde(default, borrow)]
+    text: Option<Cow<'a, str>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct Message<'a> {
+    #[serde(default, borrow)]
+    content: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    tool_calls: Option<Vec<ToolCall<'a>>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct ToolCall<'a> {
+    #[serde(default, borrow)]
+    function: Option<Function<'a>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct Function<'a> {
+    #[serde(default, borrow)]
+    arguments: Option<Cow<'a, str>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum StrOrAny<'a> {
+    Str(#[serde(borrow)] Cow<'a, str>),
+    Any(serde::de::IgnoredAny),
+}
+
+/// What one JSON document (a body or an SSE event) held.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Seen {
+    /// Its usage, if non-null.
+    pub usage: Option<Usage>,
+    /// A usage-only chunk: `choices: []` with a usage (removed when usage was asked for us).
+    pub usage_only: bool,
+}
+
+/// Accumulates usage and generated text over a response.
+#[derive(Debug)]
+pub struct Tally {
+    /// The last usage seen.
+    pub usage: Option<Usage>,
+    /// Generated text kept for counting (at most `max_text` bytes).
+    pub text: String,
+    /// Generated text bytes past `max_text` (counted, not kept).
+    pub extra_bytes: u64,
+    max_text: usize,
+}
+
+impl Tally {
+    /// A tally keeping at most `max_text` bytes of text.
+    pub fn new(max_text: usize) -> Self {
+        Self {
+            usage: None,
+            text: String::new(),
+            extra_bytes: 0,
+            max_text,
+        }
+    }
+
+    fn push_text(&mut self, s: &str) {
+        let room = self.max_text.saturating_sub(self.text.len());
+        if s.len() <= room {
+            self.text.push_str(s);
+        } else {
+            let mut cut = room;
+            while !s.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            self.text.push_str(&s[..cut]);
+            self.extra_bytes += (s.len() - cut) as u64;
+        }
+    }
+
+    /// Observes one JSON document.
+    pub fn observe(&mut self, json: &[u8]) -> Seen {
+        let Ok(doc) = serde_json::from_slice::<Doc<'_>>(json) else {
+            return Seen::default();
+        };
+        let usage = doc.usage.or(doc.response.and_then(|r| r.usage));
+        let choices = doc.choices.unwrap_or_default();
+        let usage_only = usage.is_some() && choices.is_empty();
+        for c in &choices {
+            if let Some(t) = &c.text {
+                self.push_text(t);
+            }
+            for m in [&c.delta, &c.message].into_iter().flatten() {
+                if let Some(t) = &m.content {
+                    self.push_text(t);
+                }
+                for call in m.tool_calls.iter().flatten() {
+                    if let Some(a) = call.function.as_ref().and_then(|f| f.arguments.as_ref()) {
+                        self.push_text(a);
+                    }
+                }
+            }
+        }
+        if let Some(StrOrAny::Str(d)) = &doc.delta {
+            self.push_text(d);
+        }
+        if usage.is_some() {
+            self.usage = usage;
+        }
+        Seen { usage, usage_only }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_every_usage_shape_and_text() {
+        let mut t = Tally::new(1000);
+        let s = t.observe(br#"{"choices":[{"message":{"content":"hi \"x\""}}],"usage":{"prompt_tokens":5,"completion_tokens":3}}"#);
+        assert_eq!(s.usage.unwrap().completion_tokens, Some(3));
+        assert!(!s.usage_only);
+        assert_eq!(t.text, "hi \"x\"");
+        let s = t.observe(br#"{"type":"response.completed","response":{"usage":{"input_tokens":7,"output_tokens":9}}}"#);
+        assert_eq!(
+            s.usage,
+            Some(Usage {
+                prompt_tokens: Some(7),
+                completion_tokens: Some(9)
+            })
+        );
+        let s = t.observe(
+            br#"{"object":"list","data":[],"usage":{"prompt_tokens":4,"total_tokens":4}}"#,
+        );
+        assert_eq!(s.usage.unwrap().completion_tokens, None);
+        let s = t.observe(br#"{"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2}}"#);
+        assert!(s.usage_only);
+        let s = t.observe(br#"{"choices":[{"delta":{"content":"ab"}}],"usage":null}"#);
+        assert_eq!(s, Seen::default());
+        t.observe(br#"{"type":"response.output_text.delta","delta":"cd"}"#);
+        t.observe(br#"{"choices":[{"text":"ef"}]}"#);
+        t.observe(br#"{"choices":[{"delta":{"tool_calls":[{"function":{"arguments":"{}"}}]}}]}"#);
+        t.observe(b"not json");
+        assert_eq!(t.text, "hi \"x\"abcdef{}");
+    }
+
+    #[test]
+    fn text_is_bounded() {
+        let mut t = Tally::new(4);
+        t.observe(br#"{"choices":[{"text":"abcdef"}]}"#);
+        assert_eq!((t.text.as_str(), t.extra_bytes), ("abcd", 2));
+    }
+}
