@@ -15,10 +15,12 @@
 //!   k plain visits would have added; when every active tenant is parked the round jumps straight
 //!   to the first due one. A dispatch is O(log B), B the number of distinct due rounds (≤
 //!   largest cost / smallest quantum), independent of the number of tenants.
-//! - **Debt is kept, credit is not banked.** An empty queue resets credit to min(credit, 0).
-//!   Reconciliation (refund or charge) is applied at the tenant's next visit start, never during a
-//!   visit, so a refund cannot stretch the visit in progress; a refund lifts credit to at most one
-//!   quantum, so refunds cannot be banked into a long visit, while debts are charged in full.
+//! - **Debt is kept, credit is not banked.** An empty queue resets credit (and refunds not yet
+//!   given back) to at most zero; while nothing is queued, a refund only repays debt.
+//!   Reconciliation is applied at the tenant's next visit start, never during a visit, so a refund
+//!   cannot stretch the visit in progress. Debts are charged in full at once; refunds are given
+//!   back in full but at most one quantum per visit, so a backlogged tenant whose estimates run
+//!   high loses no share, and none can turn refunds into a long visit.
 //! - **Caps.** A tenant at its concurrency cap met at its turn is set aside (no quantum) and rejoins
 //!   the round robin when a permit returns, with one quantum for its next visit.
 //!
@@ -60,6 +62,12 @@ struct DrrTenant {
     newcomer: bool,
     /// Sequence number of its current (or last) visit.
     visit_seq: u64,
+    /// The round its current (or last) visit counts for.
+    visit_round: u64,
+    /// Bumped when its calendar entry is withdrawn (an early turn); stale entries are skipped.
+    gen: u32,
+    /// Came back within a round: its next turn (due that round) is taken at the next free slot.
+    early: Option<u64>,
     state: State,
 }
 
@@ -73,6 +81,9 @@ impl Default for DrrTenant {
             in_visit: false,
             newcomer: false,
             visit_seq: 0,
+            visit_round: 0,
+            gen: 0,
+            early: None,
             state: State::Idle,
         }
     }
@@ -83,13 +94,16 @@ impl DrrTenant {
         let rounds = round.saturating_sub(self.last_round) as i64;
         self.credit = self.credit.saturating_add(rounds.saturating_mul(quantum));
         if self.pending < 0 {
+            // Under-estimates are charged in full.
             self.credit = self.credit.saturating_add(self.pending);
-        } else if self.pending > 0 {
-            self.credit = self
-                .credit
-                .max(self.credit.saturating_add(self.pending).min(quantum));
+            self.pending = 0;
+        } else {
+            // Refunds are given back at most one quantum per visit: all of them, over time,
+            // but never as one long visit.
+            let give = self.pending.min(quantum);
+            self.credit = self.credit.saturating_add(give);
+            self.pending -= give;
         }
-        self.pending = 0;
         self.last_round = round;
         self.in_visit = true;
     }
@@ -109,13 +123,15 @@ pub(crate) struct Drr {
     tenants: Vec<DrrTenant>,
     /// Newcomers with the visit sequence number current when they arrived.
     fresh: VecDeque<(TenantKey, u64)>,
+    /// Tenants back within a round, taking their next turn early (after the newcomers).
+    early: VecDeque<(TenantKey, u64)>,
     /// Number of visits started so far.
     visits: u64,
     /// (round, tier) → tenants due. Tier 1 holds newcomers after their turn: they come after
     /// the tenants that were already in the round robin when they arrived.
-    calendar: BTreeMap<(u64, u8), VecDeque<TenantKey>>,
+    calendar: BTreeMap<(u64, u8), VecDeque<(TenantKey, u32)>>,
     /// Emptied buckets kept for reuse, so a round's turnover allocates nothing.
-    spare: Vec<VecDeque<TenantKey>>,
+    spare: Vec<VecDeque<(TenantKey, u32)>>,
     round: u64,
     pub queued: usize,
 }
@@ -125,6 +141,7 @@ impl Default for Drr {
         Self {
             tenants: Vec::new(),
             fresh: VecDeque::new(),
+            early: VecDeque::new(),
             visits: 0,
             calendar: BTreeMap::new(),
             spare: Vec::new(),
@@ -142,7 +159,7 @@ impl Drr {
     /// Moves `round` to the calendar's first due round once the new tenants (who belong to the
     /// current round) have had their turn. Calendar rounds are never behind `round`.
     fn sync_round(&mut self) {
-        if !self.fresh.is_empty() {
+        if !self.fresh.is_empty() || !self.early.is_empty() {
             return;
         }
         if let Some((&(r, _), _)) = self.calendar.first_key_value() {
@@ -152,10 +169,11 @@ impl Drr {
 
     fn park(&mut self, t: TenantKey, due: u64, late: bool) {
         let spare = &mut self.spare;
+        let gen = self.tenants[t.idx()].gen;
         self.calendar
             .entry((due, u8::from(late)))
             .or_insert_with(|| spare.pop().unwrap_or_default())
-            .push_back(t);
+            .push_back((t, gen));
         self.tenants[t.idx()].state = State::Parked(due);
     }
 
@@ -166,12 +184,24 @@ impl Drr {
         let dt = &mut self.tenants[t.idx()];
         dt.queue.tickets.push_back(ticket);
         dt.queue.live += 1;
-        if dt.state == State::Idle {
-            dt.state = State::Fresh;
-            dt.in_visit = false;
-            dt.newcomer = true;
-            dt.last_round = round - 1;
-            self.fresh.push_back((t, self.visits));
+        match dt.state {
+            State::Idle => {
+                dt.state = State::Fresh;
+                dt.in_visit = false;
+                dt.newcomer = true;
+                dt.last_round = round - 1;
+                self.fresh.push_back((t, self.visits));
+            }
+            // Back within a round (its queue had emptied): it takes the turn it is due next
+            // round now, at the next free slot, instead of waiting for the rest of this round;
+            // after that it waits its turns (at most one round ahead, ever).
+            State::Parked(due) if dt.queue.live == 1 && !dt.in_visit && due <= round + 1 => {
+                dt.gen = dt.gen.wrapping_add(1);
+                dt.early = Some(due);
+                dt.state = State::Fresh;
+                self.early.push_back((t, self.visits));
+            }
+            _ => {}
         }
     }
 
@@ -203,7 +233,8 @@ impl Drr {
 
     pub fn adjust(&mut self, t: TenantKey, adj: i64) {
         let dt = &mut self.tenants[t.idx()];
-        if dt.state == State::Idle {
+        if dt.state == State::Idle || dt.queue.live == 0 {
+            // Nothing queued: a charge becomes debt, a refund only repays debt (no banking).
             dt.credit = dt.credit.saturating_add(adj).min(0);
         } else {
             dt.pending = dt.pending.saturating_add(adj);
@@ -235,35 +266,49 @@ impl Drr {
         cost: &mut CostOf<'_>,
     ) -> Option<(Ticket, Tokens)> {
         loop {
-            if let Some(&(t, since)) = self.fresh.front() {
+            let waiting = match self.fresh.front() {
+                Some(&f) => Some((f, true)),
+                None => self.early.front().map(|&e| (e, false)),
+            };
+            if let Some(((t, since), is_fresh)) = waiting {
                 // A newcomer's turn: it goes to the head of the current round, ahead of a visit
                 // that started before it arrived (which resumes after it, without a new
                 // quantum); newcomers that were already waiting when that visit began wait for
                 // its end.
                 let visiting = self.calendar.first_key_value().and_then(|(_, b)| b.front());
-                let wait = visiting.is_some_and(|&v| {
+                let wait = visiting.is_some_and(|&(v, gen)| {
                     let v = &self.tenants[v.idx()];
-                    v.in_visit && v.visit_seq > since
+                    v.gen == gen && v.in_visit && v.visit_seq > since
                 });
                 if !wait {
-                    self.fresh.pop_front();
+                    if is_fresh {
+                        self.fresh.pop_front();
+                    } else {
+                        self.early.pop_front();
+                    }
                     let first = (self.round, 0);
                     let key = self
                         .calendar
                         .first_key_value()
                         .map_or(first, |(&k, _)| k.min(first));
                     let spare = &mut self.spare;
+                    let gen = self.tenants[t.idx()].gen;
                     self.calendar
                         .entry(key)
                         .or_insert_with(|| spare.pop().unwrap_or_default())
-                        .push_front(t);
+                        .push_front((t, gen));
                     self.tenants[t.idx()].state = State::Parked(self.round);
                 }
             }
             self.sync_round();
             let (&(round, _), bucket) = self.calendar.first_key_value()?;
-            let t = *bucket.front().expect("empty buckets are removed");
+            let (t, gen) = *bucket.front().expect("empty buckets are removed");
             debug_assert_eq!(round, self.round);
+            if self.tenants[t.idx()].gen != gen {
+                // Withdrawn for an early turn.
+                self.pop_front();
+                continue;
+            }
             let quantum = shared[t.idx()].quantum.signed();
             let dt = &mut self.tenants[t.idx()];
             let Some(head) = dt.queue.head(arena) else {
@@ -282,8 +327,10 @@ impl Drr {
             if !dt.in_visit {
                 self.visits += 1;
                 dt.visit_seq = self.visits;
-                dt.start_visit(round, quantum);
+                dt.visit_round = dt.early.take().map_or(round, |due| due.max(round));
+                dt.start_visit(dt.visit_round, quantum);
             }
+            let round = dt.visit_round;
             let c = cost(head);
             if c.signed() <= dt.credit {
                 dt.credit -= c.signed();
@@ -295,6 +342,7 @@ impl Drr {
                     // tenant keeps its place until its next turn, so coming back within a round
                     // earns no newcomer turn.
                     dt.credit = dt.credit.min(0);
+                    dt.pending = dt.pending.min(0);
                     let late = std::mem::take(&mut dt.newcomer);
                     dt.in_visit = false;
                     self.pop_front();
