@@ -7,6 +7,10 @@
 //!   extrapolated at the bytes-per-token ratio measured on the exactly counted prefix of the same
 //!   string (or, with no prefix, on everything counted so far in the request, or 4 bytes/token).
 //!   So one 4 MB word, random letters or base64 cost at most `max_exact_bytes` of BPE work.
+//! - BPE cost grows with the square of a piece's length, so text is encoded in chunks of at most
+//!   [`CHUNK_BYTES`], cut before whitespace where there is any (where tiktoken's own pre-split
+//!   cuts too, so ordinary text counts the same) and at a character boundary inside longer
+//!   whitespace-free runs (hostile text: a run's count may move by a token per cut).
 //! - The cache maps a 64-bit hash of (encoding, text) to its exact count; it holds at most
 //!   `capacity` entries (two generations of `capacity / 2`; the older is dropped when the newer
 //!   fills), is only locked to look up and to insert — never while counting — and only stores
@@ -18,6 +22,9 @@ use std::sync::Mutex;
 
 use tiktoken_rs::tokenizer::Tokenizer;
 use tiktoken_rs::CoreBPE;
+
+/// Longest piece handed to BPE at once (see the module docs).
+pub const CHUNK_BYTES: usize = 2048;
 
 /// Strings shorter than this are counted, not cached.
 pub const CACHE_MIN_BYTES: usize = 64;
@@ -155,6 +162,21 @@ fn floor_char_boundary(s: &str, mut i: usize) -> usize {
     i
 }
 
+/// Token count of `text`, encoded in chunks of at most [`CHUNK_BYTES`] (see the module docs).
+pub fn encode_len(bpe: &CoreBPE, mut text: &str) -> u64 {
+    let mut n = 0;
+    while text.len() > CHUNK_BYTES {
+        let limit = floor_char_boundary(text, CHUNK_BYTES);
+        let cut = text[..limit]
+            .rfind(char::is_whitespace)
+            .filter(|&i| i > 0)
+            .unwrap_or(limit);
+        n += bpe.encode_ordinary(&text[..cut]).len() as u64;
+        text = &text[cut..];
+    }
+    n + bpe.encode_ordinary(text).len() as u64
+}
+
 /// Counts `text`, within `budget`, through `cache`; see the module docs.
 pub fn count(enc: Encoding, text: &str, budget: &mut Budget, cache: Option<&Cache>) -> Count {
     if text.is_empty() {
@@ -174,7 +196,7 @@ pub fn count(enc: Encoding, text: &str, budget: &mut Budget, cache: Option<&Cach
         }
     }
     let exact_len = floor_char_boundary(text, budget.remaining);
-    let exact = enc.bpe().encode_ordinary(&text[..exact_len]).len() as u64;
+    let exact = encode_len(enc.bpe(), &text[..exact_len]);
     budget.remaining -= exact_len;
     budget.counted_bytes += exact_len as u64;
     budget.counted_tokens += exact;
@@ -226,6 +248,14 @@ mod tests {
     }
 
     #[test]
+    fn chunking_keeps_ordinary_counts() {
+        let text = "The quick brown fox jumps over the lazy dog. ".repeat(500);
+        let whole = Encoding::O200K.bpe().encode_ordinary(&text).len() as u64;
+        let chunked = encode_len(Encoding::O200K.bpe(), &text);
+        assert_eq!(chunked, whole);
+    }
+
+    #[test]
     fn hostile_text_is_extrapolated_past_the_budget() {
         let word = "a".repeat(4 << 20);
         let mut b = Budget::new(64 * 1024);
@@ -233,10 +263,7 @@ mod tests {
         assert!(n.extrapolated && b.extrapolated);
         // Exactly 64 KiB were counted; the estimate scales to the full length.
         assert_eq!(b.counted_bytes, 64 * 1024);
-        let exact_prefix = Encoding::O200K
-            .bpe()
-            .encode_ordinary(&word[..64 * 1024])
-            .len();
+        let exact_prefix = encode_len(Encoding::O200K.bpe(), &word[..64 * 1024]);
         let ratio = (64 * 1024) as f64 / exact_prefix as f64;
         let expected = (word.len() as f64 / ratio) as u64;
         assert!(
