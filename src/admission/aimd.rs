@@ -96,6 +96,19 @@ impl Aimd {
 
     /// The upstream answered 429/503, optionally saying when to come back.
     pub fn on_overload(&mut self, now: Duration, retry_after: Option<Duration>) {
+        self.on_overload_at(now, retry_after, None);
+    }
+
+    /// As [`Aimd::on_overload`], knowing how many requests were in flight when it happened
+    /// (the refused one included): a provider that caps concurrency at K refuses the (K+1)-th,
+    /// so the limit goes straight to `in_flight - 1` (instead of the blind multiplicative cut,
+    /// which overshoots below K and then probes back), and the wall is remembered at `in_flight`.
+    pub fn on_overload_at(
+        &mut self,
+        now: Duration,
+        retry_after: Option<Duration>,
+        in_flight: Option<u32>,
+    ) {
         if let Some(ra) = retry_after {
             self.paused_until = self.paused_until.max(now + ra);
         }
@@ -106,8 +119,16 @@ impl Aimd {
             return;
         }
         self.last_decrease = Some(now);
-        self.wall = Some(self.limit);
-        self.limit = (self.limit * self.decrease).max(self.min);
+        match in_flight.filter(|&n| n >= 2).map(f64::from) {
+            Some(n) => {
+                self.wall = Some(n.min(self.limit));
+                self.limit = (n - 1.0).min(self.limit - 1.0).max(self.min);
+            }
+            None => {
+                self.wall = Some(self.limit);
+                self.limit = (self.limit * self.decrease).max(self.min);
+            }
+        }
     }
 }
 
@@ -128,6 +149,19 @@ mod tests {
             a.on_success();
         }
         assert_eq!(a.limit(), 16);
+    }
+
+    #[test]
+    fn a_concurrency_wall_is_learned_from_the_in_flight_count() {
+        let mut a = Aimd::new(16);
+        // Limit 16, the provider refused the 5th concurrent request: K = 4.
+        a.on_overload_at(Duration::ZERO, None, Some(5));
+        assert_eq!(a.limit(), 4, "straight to the wall, not below it");
+        // Probing past the wall is slow: many successes per step.
+        for _ in 0..20 {
+            a.on_success();
+        }
+        assert_eq!(a.limit(), 4);
     }
 
     #[test]

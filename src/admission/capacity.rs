@@ -93,10 +93,14 @@ impl PoolCapacity {
     /// Feeds one upstream answer.
     pub fn observe(self: &Arc<Self>, status: StatusCode, headers: &HeaderMap) {
         let now = self.now();
+        let overload =
+            status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE;
+        // Read before taking our lock (lock order: capacity, then queue).
+        let in_flight = overload.then(|| self.queue.load().1);
         let mut st = self.lock();
-        if status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE {
+        if overload {
             let before = st.aimd.limit();
-            st.aimd.on_overload(now, None);
+            st.aimd.on_overload_at(now, None, in_flight);
             if let Some(wait) = upstream_wait(headers).filter(|_| st.aimd.limit() == before) {
                 st.aimd.pause(now, wait);
             }
