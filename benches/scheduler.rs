@@ -65,47 +65,6 @@ fn dispatch_complete(c: &mut Criterion) {
     group.finish();
 }
 
-/// The dispatch decision alone: a pool with room for everything and `iters` requests queued over
-/// `tenants` tenants; only the `iters` dispatches are timed.
-fn dispatch_only(c: &mut Criterion) {
-    let mut group = c.benchmark_group("dispatch_only");
-    group.throughput(Throughput::Elements(1));
-    for tenants in [10usize, 1_000, 10_000, 100_000] {
-        group.bench_with_input(BenchmarkId::new("drr", tenants), &tenants, |b, &n| {
-            b.iter_custom(|iters| {
-                let mut s = Scheduler::new(Config {
-                    capacity: u32::MAX,
-                    max_queued: usize::MAX,
-                    ..Config::default()
-                });
-                let keys: Vec<_> = (0..n)
-                    .map(|i| {
-                        s.upsert_tenant(
-                            TenantId::new(format!("t{i}")),
-                            TenantSpec {
-                                weight: Weight::new(1.0 + (i % 4) as f64).unwrap(),
-                                max_concurrency: None,
-                                max_queued: usize::MAX,
-                            },
-                        )
-                    })
-                    .collect();
-                for j in 0..iters as usize {
-                    let cost = 500 + ((j * 7919) % 7000) as u64;
-                    s.enqueue(Duration::ZERO, keys[j % n], Class::Interactive, false, cost)
-                        .unwrap();
-                }
-                let start = std::time::Instant::now();
-                for _ in 0..iters {
-                    black_box(s.dispatch(Duration::ZERO, &mut |c: &u64| Tokens(*c)));
-                }
-                start.elapsed()
-            });
-        });
-    }
-    group.finish();
-}
-
 fn tenant_index(keys: &[TenantKey], k: TenantKey) -> usize {
     // Keys are dense and in insertion order.
     keys.binary_search(&k).unwrap_or(0)
@@ -117,6 +76,6 @@ criterion_group! {
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(2))
         .sample_size(30);
-    targets = dispatch_complete, dispatch_only
+    targets = dispatch_complete
 }
 criterion_main!(benches);
