@@ -5,7 +5,8 @@
 //! Retries: exponential backoff (`retry_backoff_ms × 2^attempt`, capped at
 //! `retry_backoff_max_ms`) with full jitter in its upper half, never shorter than the wait the
 //! upstream asked for (`Retry-After` & co), at most `max_retries`, and never past the request's
-//! deadline. Each extra attempt is charged to the tenant's token ledger (its estimate) and
+//! deadline. Each extra attempt is charged to the tenant's token ledger (its estimate) and to its
+//! fair-queue credit (the cost charged at dispatch, via `queue::Surcharge`), and
 //! counted ([`RetryStats`]). A 429 that is finally passed to the client says
 //! `x-fairgate-limit: upstream`.
 //!
@@ -148,6 +149,7 @@ where
             let tenant = ext.get::<Identity>().map(|i| i.tenant.id.clone());
             let estimate = ext.get::<Estimate>().copied();
             let deadline = ext.get::<Deadline>().copied();
+            let surcharge = ext.get::<crate::queue::Surcharge>().cloned();
             let mut attempt = 0;
             loop {
                 use tower::ServiceExt;
@@ -184,6 +186,10 @@ where
                 shared.stats.retries.fetch_add(1, Ordering::Relaxed);
                 if let (Some(t), Some(e)) = (&tenant, estimate) {
                     shared.store.charge(t, e.total);
+                }
+                // And to its fair-queue credit: the attempt is the tenant's load, not everyone's.
+                if let Some(s) = &surcharge {
+                    s.charge_attempt();
                 }
             }
         })

@@ -230,6 +230,13 @@ impl FairQueue {
         (inner.sched.queued(), inner.sched.in_flight())
     }
 
+    /// A tenant's DRR credit in the interactive lane (negative: debt), for introspection.
+    pub fn credit(&self, tenant: &TenantId) -> Option<i64> {
+        let inner = self.lock();
+        let key = inner.sched.tenant_key(tenant)?;
+        Some(inner.sched.credit(key, scheduler::Lane::Interactive))
+    }
+
     /// (queued, in flight) of one tenant in this pool.
     pub fn tenant_load(&self, tenant: &TenantId) -> Option<(usize, u32)> {
         let inner = self.lock();

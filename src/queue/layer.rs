@@ -103,6 +103,7 @@ where
             };
             req.extensions_mut()
                 .insert(QueueMs(permit.waited().as_millis() as u64));
+            req.extensions_mut().insert(permit.surcharge());
             let actual = req.extensions().get::<ActualTokens>().cloned();
             let res = inner.call(req).await?;
             Ok(match estimate {

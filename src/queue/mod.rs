@@ -21,7 +21,7 @@ mod pools;
 pub use body::PermitBody;
 pub use fair::{CostInputs, FairQueue, QueueError, QueueSettings, TenantSettings, WaitInputs};
 pub use layer::{Layer, Service};
-pub use permit::Permit;
+pub use permit::{Permit, Surcharge};
 pub use pools::{pools, scheduler_config};
 #[cfg(test)]
 mod tests;

@@ -1,5 +1,6 @@
 //! [`Permit`]: a granted slot (tenant + pool) that returns itself on `Drop`.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,6 +18,23 @@ pub struct Permit {
     waited: Duration,
     granted_at: Instant,
     actual: Option<Tokens>,
+    extra: Arc<AtomicU64>,
+}
+
+/// A handle, carried in request extensions, through which later stages add to what a granted
+/// request costs its tenant — e.g. one more upstream attempt after a retryable failure, so a
+/// tenant's retry storm is paid by that tenant's share, not by everyone's.
+#[derive(Clone, Debug)]
+pub struct Surcharge {
+    cost: Tokens,
+    extra: Arc<AtomicU64>,
+}
+
+impl Surcharge {
+    /// Charges one more attempt at the cost charged at dispatch.
+    pub fn charge_attempt(&self) {
+        self.extra.fetch_add(self.cost.0, Ordering::Relaxed);
+    }
 }
 
 impl Permit {
@@ -27,6 +45,15 @@ impl Permit {
             waited,
             granted_at: Instant::now(),
             actual: None,
+            extra: Arc::default(),
+        }
+    }
+
+    /// The surcharge handle of this grant (see [`Surcharge`]).
+    pub fn surcharge(&self) -> Surcharge {
+        Surcharge {
+            cost: self.slot.cost,
+            extra: self.extra.clone(),
         }
     }
 
@@ -48,8 +75,15 @@ impl Permit {
 
 impl Drop for Permit {
     fn drop(&mut self) {
+        // Extra attempts are charged on top of the actual cost (or of the estimate, when the
+        // actual is unknown).
+        let extra = self.extra.load(Ordering::Relaxed);
+        let actual = match (self.actual, extra) {
+            (a, 0) => a,
+            (a, x) => Some(Tokens(a.unwrap_or(self.slot.cost).0.saturating_add(x))),
+        };
         self.queue
-            .release(self.slot, self.actual, self.granted_at.elapsed());
+            .release(self.slot, actual, self.granted_at.elapsed());
     }
 }
 

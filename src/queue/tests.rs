@@ -153,3 +153,20 @@ async fn random_cancels_leak_nothing() {
     assert_eq!(q.tenant_load(&a), Some((0, 0)));
     assert_eq!(q.tenant_load(&b), Some((0, 0)));
 }
+
+#[tokio::test]
+async fn extra_attempts_are_charged_to_the_tenant() {
+    let (q, a, _) = queue(1);
+    let p = q
+        .acquire(&a, Class::Interactive, false, cost())
+        .await
+        .unwrap();
+    let charged = p.charged().0 as i64;
+    let s = p.surcharge();
+    s.charge_attempt();
+    s.charge_attempt();
+    drop(p);
+    // Two more attempts at the dispatch cost: a debt of two charges once the queue is empty.
+    assert_eq!(q.credit(&a), Some(-2 * charged));
+    assert_eq!(q.load(), (0, 0));
+}
