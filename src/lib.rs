@@ -17,6 +17,7 @@ pub mod edge;
 pub mod error;
 pub mod estimate;
 pub mod health;
+pub mod metrics;
 pub mod mock;
 pub mod queue;
 pub mod response;

@@ -6,11 +6,13 @@
 //! exist, URLs are http(s), digests are 64 hex chars). Environment variables are read only by
 //! [`Config::check_env`], at startup.
 
+mod observe;
 mod schema;
 mod validate;
 
 use std::path::{Path, PathBuf};
 
+pub use observe::{LogConfig, LogFormat, MetricsConfig};
 pub use schema::*;
 pub use validate::validate;
 

@@ -28,6 +28,7 @@ use tower::ServiceBuilder;
 use crate::admission::{self, Admission};
 use crate::config::{Config, ConfigError};
 use crate::estimate::Estimator;
+use crate::metrics::{self, Metrics};
 use crate::queue::FairQueue;
 use crate::response::{BoxError, ResponseBody};
 use crate::route::Router;
@@ -55,6 +56,8 @@ pub struct State {
     pub estimator: Arc<Estimator>,
     /// `/readyz` flag.
     pub ready: Arc<AtomicBool>,
+    /// The metrics registry (`/metrics`).
+    pub metrics: Arc<Metrics>,
 }
 
 impl State {
@@ -72,6 +75,7 @@ impl State {
         let pools = queue::pools(&config, &tenants, &estimator);
         let admission = Admission::new(&config, pools.clone());
         Ok(Self {
+            metrics: Metrics::new(&config),
             admission,
             estimator,
             router: Arc::new(Router::new(upstreams.clone())),
@@ -106,8 +110,17 @@ where
         .layer(edge::Layer)
         // Before authentication: probes carry no key, and must not cost a body read.
         .layer(health::Layer(state.ready.clone()))
+        // `/metrics`, also before authentication: a scraper carries no tenant key.
+        .layer(metrics::Scrape {
+            metrics: state.metrics.clone(),
+            pools: state.pools.clone(),
+            admission: state.admission.clone(),
+        })
         // Who is calling, before reading a byte of the body: unknown callers cost a header hash.
         .layer(tenant::Layer(state.tenants.clone()))
+        // Request metrics and the per-request log line, as soon as the tenant is known: every
+        // answer below (success or refusal, with its reason) is counted under its tenant.
+        .layer(metrics::Layer(state.metrics.clone()))
         // Read the (bounded) body once and parse it once; estimation and routing need it.
         .layer(body::Layer {
             max_body_bytes: state.config.server.max_body_bytes,

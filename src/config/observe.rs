@@ -1,0 +1,39 @@
+//! `[metrics]` and `[log]`: what the Prometheus endpoint exposes and how request logs look.
+
+use serde::Deserialize;
+
+/// `[metrics]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    /// Label per-tenant series with the tenant id (`true`) or with the tenant's plan cohort
+    /// (`false`; tenants without a plan share the cohort `none`), for very many tenants.
+    pub per_tenant_labels: bool,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        Self {
+            per_tenant_labels: true,
+        }
+    }
+}
+
+/// Format of log lines.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable `key=value` lines.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// `[log]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// `"text"` (default) or `"json"`.
+    pub format: LogFormat,
+}
