@@ -176,6 +176,48 @@ async fn flood_raises_queue_depth_and_counts_statuses_and_reasons() {
 }
 
 #[tokio::test]
+async fn share_ratios_approach_one_under_contention() {
+    let mock = mock_with(MockConfig::default()).await;
+    let toml = cfg(
+        &mock.base_url(),
+        1,
+        "[scheduler]\nquantum = 100\n",
+        &[("a", ""), ("b", ""), ("idle", "")],
+    );
+    let proxy = proxy(&toml).await;
+    let addr = proxy.addr;
+    let slow = [("x-mock-delay-ms", "40")];
+    let mut held = Vec::new();
+    for key in ["key-a", "key-b"] {
+        for _ in 0..8 {
+            held.push(tokio::spawn(async move {
+                let b = r#"{"model":"gpt-4o-mini","max_tokens":60,"messages":[{"role":"user","content":"hi"}]}"#;
+                send(post(addr, "/v1/chat/completions", Some(key), b, &slow)).await
+            }));
+        }
+    }
+    assert!(eventually(|| proxy.pools[0].load().0 >= 14).await);
+    // The first scrape opens the window; the second sees the tokens dispatched in between.
+    scrape(addr).await;
+    assert!(eventually(|| proxy.pools[0].load().0 <= 9).await);
+    let text = scrape(addr).await;
+    for t in ["a", "b"] {
+        let r = value(&text, "fairgate_share_ratio", &[("tenant", t)]).unwrap();
+        assert!((0.5..=1.5).contains(&r), "{t}: share ratio {r}\n{text}");
+    }
+    // The idle tenant is entitled to nothing: no share ratio.
+    assert_eq!(
+        value(&text, "fairgate_share_ratio", &[("tenant", "idle")]),
+        None
+    );
+    let jain = value(&text, "fairgate_jain_index", &[("pool", "mock")]).unwrap();
+    assert!(jain > 0.8, "jain {jain}");
+    for h in held {
+        assert_eq!(h.await.unwrap().status, 200);
+    }
+}
+
+#[tokio::test]
 async fn cohort_labels_replace_tenant_ids_when_per_tenant_labels_are_off() {
     let mock = mock_with(MockConfig::default()).await;
     let toml = cfg(

@@ -12,7 +12,7 @@ mod validate;
 
 use std::path::{Path, PathBuf};
 
-pub use observe::{LogConfig, LogFormat, MetricsConfig};
+pub use observe::{AdminConfig, LogConfig, LogFormat, MetricsConfig};
 pub use schema::*;
 pub use validate::validate;
 
@@ -87,8 +87,14 @@ impl Config {
                 .as_ref()
                 .map(|v| (format!("tenants[{i}].upstream_api_key_env"), v))
         });
+        let admin = self
+            .admin
+            .token_env
+            .as_ref()
+            .map(|v| ("admin.token_env".to_owned(), v));
         upstreams
             .chain(tenants)
+            .chain(admin)
             .filter(|(_, var)| std::env::var_os(var).is_none())
             .map(|(key, var)| ConfigError::MissingEnv {
                 key,

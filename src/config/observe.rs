@@ -1,4 +1,5 @@
-//! `[metrics]` and `[log]`: what the Prometheus endpoint exposes and how request logs look.
+//! `[metrics]`, `[log]` and `[admin]`: what the Prometheus endpoint exposes, how request logs
+//! look, and who may use the admin API.
 
 use serde::Deserialize;
 
@@ -36,4 +37,12 @@ pub enum LogFormat {
 pub struct LogConfig {
     /// `"text"` (default) or `"json"`.
     pub format: LogFormat,
+}
+
+/// `[admin]`: the admin API (`GET /admin/tenants`), off unless a token is configured.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminConfig {
+    /// Env var holding the bearer token of the admin API. Unset key: the admin API is off (404).
+    pub token_env: Option<String>,
 }

@@ -44,6 +44,9 @@ pub struct Config {
     /// `[log]`: request log format.
     #[serde(default)]
     pub log: super::LogConfig,
+    /// `[admin]`: the admin API.
+    #[serde(default)]
+    pub admin: super::AdminConfig,
 }
 
 /// `[estimate]`: cost = (input × input_weight + output × output_weight + tool_call_tokens ×

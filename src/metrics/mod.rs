@@ -269,6 +269,14 @@ impl Metrics {
         }
     }
 
+    /// Tokens dispatched for `tenant` in pool `pool` since start.
+    pub fn served_total(&self, pool: usize, tenant: &TenantId) -> u64 {
+        self.pools
+            .get(pool)
+            .and_then(|p| p.1.served.get(tenant))
+            .map_or(0, |c| c.load(Ordering::Relaxed))
+    }
+
     fn gauge(&self, name: &'static str, key: &'static str, value: SharedString) -> Gauge {
         let key = Key::from_parts(name, vec![Label::new(key, value)]);
         self.recorder.register_gauge(&key, &META)

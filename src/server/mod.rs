@@ -34,7 +34,7 @@ use crate::response::{BoxError, ResponseBody};
 use crate::route::Router;
 use crate::tenant::Directory;
 use crate::upstream::Upstream;
-use crate::{body, edge, estimate, health, queue, route, tenant, upstream};
+use crate::{admin, body, edge, estimate, health, queue, route, tenant, upstream};
 
 /// Everything the stack shares, built once from a validated [`Config`].
 #[derive(Debug, Clone)]
@@ -58,6 +58,8 @@ pub struct State {
     pub ready: Arc<AtomicBool>,
     /// The metrics registry (`/metrics`).
     pub metrics: Arc<Metrics>,
+    /// The admin API's bearer token (`[admin] token_env`); `None`: the admin API is off.
+    pub admin_token: Option<Arc<str>>,
 }
 
 impl State {
@@ -71,11 +73,21 @@ impl State {
             .enumerate()
             .map(|(i, u)| Upstream::from_config(u, i, env).map(Arc::new))
             .collect::<Result<Vec<_>, _>>()?;
+        let admin_token = match &config.admin.token_env {
+            None => None,
+            Some(var) => Some(Arc::from(env(var).ok_or_else(|| {
+                ConfigError::MissingEnv {
+                    key: "admin.token_env".to_owned(),
+                    var: var.clone(),
+                }
+            })?)),
+        };
         let estimator = Arc::new(Estimator::new(&config.estimate, &config.models));
         let pools = queue::pools(&config, &tenants, &estimator);
         let admission = Admission::new(&config, pools.clone());
         Ok(Self {
             metrics: Metrics::new(&config),
+            admin_token,
             admission,
             estimator,
             router: Arc::new(Router::new(upstreams.clone())),
@@ -115,6 +127,19 @@ where
             metrics: state.metrics.clone(),
             pools: state.pools.clone(),
             admission: state.admission.clone(),
+        })
+        // The admin API, before tenant authentication: it has its own token.
+        .layer(admin::Layer {
+            token: state.admin_token.clone(),
+            pool_names: state
+                .config
+                .upstreams
+                .iter()
+                .map(|u| u.name.clone())
+                .collect(),
+            pools: state.pools.clone(),
+            estimator: state.estimator.clone(),
+            metrics: state.metrics.clone(),
         })
         // Who is calling, before reading a byte of the body: unknown callers cost a header hash.
         .layer(tenant::Layer(state.tenants.clone()))
