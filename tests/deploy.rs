@@ -43,6 +43,7 @@ fn grafana_dashboard_queries_the_contract_families() {
         "fairgate_upstream_429_total",
         "fairgate_upstream_retries_total",
         "fairgate_deadline_misses_total",
+        "fairgate_cost_tokens_total",
     ] {
         assert!(text.contains(family), "dashboard lacks {family}");
     }

@@ -169,6 +169,19 @@ async fn flood_raises_queue_depth_and_counts_statuses_and_reasons() {
         value(&text, "fairgate_inflight", &[("tenant", "flood")]),
         Some(0.0)
     );
+    // Cost units: all five were estimated; four admitted (three after waiting), one refused.
+    let cost = |outcome| {
+        let labels = [("tenant", "flood"), ("outcome", outcome)];
+        value(&text, "fairgate_cost_tokens_total", &labels).unwrap()
+    };
+    let (admitted, deferred, rejected) = (cost("admitted"), cost("deferred"), cost("rejected"));
+    assert!(rejected > 0.0);
+    assert_eq!(admitted, 4.0 * rejected, "equal requests, equal estimates");
+    // The first was granted at once (unless descheduled for a millisecond), three waited.
+    assert!(
+        (3.0 * rejected..=4.0 * rejected).contains(&deferred),
+        "{deferred}"
+    );
     assert!(text.contains("fairgate_upstream_retries_total"));
     assert!(text.contains("fairgate_upstream_429_total"));
     // Served while contended: the Jain index of the pool is defined (flood was backlogged).

@@ -18,7 +18,7 @@ use http::{Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use tokio::time::Instant;
 
-use super::{Metrics, TenantMetrics};
+use super::{Metrics, Outcome, TenantMetrics};
 use crate::admission::{ActualTokens, Admission, Error as AdmissionError, LIMIT_HEADER};
 use crate::domain::{Class, TenantId, Tokens};
 use crate::error::Error;
@@ -46,6 +46,9 @@ pub struct Service<S> {
     metrics: Arc<Metrics>,
     inner: S,
 }
+
+/// A dispatched request that waited at least this long in the queue counts as deferred.
+const DEFERRED: Duration = Duration::from_millis(1);
 
 /// What the stages below learn about a request, for its metrics and log line; in the request's
 /// extensions as `Arc<RequestLog>`.
@@ -84,13 +87,28 @@ pub struct Dispatch<'a> {
 }
 
 impl RequestLog {
+    /// Records admission's estimate (raw tokens), before admission decides.
+    pub fn estimated(&self, tokens: Tokens) {
+        self.lock().estimated = Some(tokens.0);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Fields> {
+        self.fields.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Records the dispatch of the request (called once by the queue stage).
     pub fn dispatched(&self, d: Dispatch<'_>) {
         self.tenant.queue_wait(d.class, d.waited);
         self.metrics.served(d.pool, &self.id, d.charged.0);
-        let mut f = self.fields.lock().unwrap_or_else(|p| p.into_inner());
+        let mut f = self.lock();
+        f.estimated = d.estimated.or(f.estimated);
+        if let Some(e) = f.estimated {
+            self.tenant.cost(Outcome::Admitted, e);
+            if d.waited >= DEFERRED {
+                self.tenant.cost(Outcome::Deferred, e);
+            }
+        }
         f.model = d.model.map(str::to_owned);
-        f.estimated = d.estimated;
         f.actual = d.actual;
         f.queued = Some(d.waited);
         f.dispatched_at = Some(Instant::now());
@@ -176,6 +194,9 @@ where
             }
             if let Some(r) = refused {
                 log.tenant.rejected(r);
+                if let Some(e) = log.lock().estimated {
+                    log.tenant.cost(Outcome::Rejected, e);
+                }
             }
             log.tenant.request(status.as_u16());
             let (head, body) = res.into_parts();

@@ -42,6 +42,17 @@ const MAX_MODELS: usize = 32;
 
 static META: Metadata<'static> = Metadata::new(module_path!(), metrics::Level::INFO, None);
 
+/// What became of a request's estimated cost (`fairgate_cost_tokens_total{outcome}`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Dispatched to the upstream.
+    Admitted = 0,
+    /// Dispatched after waiting in the queue for at least 1 ms (also counted as admitted).
+    Deferred = 1,
+    /// Refused (admission or a full queue).
+    Rejected = 2,
+}
+
 /// One tenant's (or cohort's) pre-registered series.
 pub struct TenantMetrics {
     label: SharedString,
@@ -51,6 +62,7 @@ pub struct TenantMetrics {
     ttfb: Histogram,
     error_ratio: Histogram,
     deadline_misses: Counter,
+    costs: [Counter; 3],
     statuses: Mutex<HashMap<u16, Counter>>,
     rejected: Mutex<HashMap<&'static str, Counter>>,
     models: Mutex<HashMap<String, (Counter, Counter)>>,
@@ -84,6 +96,16 @@ impl TenantMetrics {
                 ),
                 &META,
             ),
+            costs: ["admitted", "deferred", "rejected"].map(|outcome| {
+                let labels = vec![
+                    Label::new("tenant", label.clone()),
+                    Label::new("outcome", outcome),
+                ];
+                recorder.register_counter(
+                    &Key::from_parts("fairgate_cost_tokens_total", labels),
+                    &META,
+                )
+            }),
             label,
             recorder: recorder.clone(),
             statuses: Mutex::default(),
@@ -113,6 +135,11 @@ impl TenantMetrics {
                 )
             })
             .increment(1);
+    }
+
+    /// Counts estimated tokens by what became of them.
+    pub fn cost(&self, outcome: Outcome, tokens: u64) {
+        self.costs[outcome as usize].increment(tokens);
     }
 
     /// Counts one refusal by reason.
