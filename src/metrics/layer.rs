@@ -6,23 +6,23 @@
 //! limit that refused the request — never a key, a header value, a prompt or a completion. An
 //! error of a stage below is rendered here (by [`crate::Error::into_response`], the one place
 //! errors become HTTP) so its status and `x-fairgate-limit` are counted; the edge passes the
-//! response through. Also serves `GET /metrics` ([`Scrape`]), before authentication.
+//! response through.
 
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures_util::future::{BoxFuture, Either, Ready};
+use futures_util::future::{BoxFuture, Either};
 use http::{Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use tokio::time::Instant;
 
 use super::{Metrics, Outcome, TenantMetrics};
-use crate::admission::{ActualTokens, Admission, Error as AdmissionError, LIMIT_HEADER};
+use crate::admission::{ActualTokens, Error as AdmissionError, LIMIT_HEADER};
 use crate::domain::{Class, TenantId, Tokens};
 use crate::error::Error;
-use crate::queue::{FairQueue, QueueError};
+use crate::queue::QueueError;
 use crate::response::{BoxError, ResponseBody};
 use crate::tenant::Identity;
 
@@ -289,60 +289,5 @@ impl Body for Timed {
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
-    }
-}
-
-/// Tower layer answering `GET /metrics` (before authentication, like the health endpoints).
-#[derive(Clone)]
-pub struct Scrape {
-    /// The registry.
-    pub metrics: Arc<Metrics>,
-    /// The pools (gauges).
-    pub pools: Arc<[Arc<FairQueue>]>,
-    /// Admission (learned limits, retries).
-    pub admission: Arc<Admission>,
-}
-
-impl<S> tower::Layer<S> for Scrape {
-    type Service = ScrapeService<S>;
-    fn layer(&self, inner: S) -> ScrapeService<S> {
-        ScrapeService {
-            scrape: self.clone(),
-            inner,
-        }
-    }
-}
-
-/// Tower service of [`Scrape`].
-#[derive(Clone)]
-pub struct ScrapeService<S> {
-    scrape: Scrape,
-    inner: S,
-}
-
-impl<S, B> tower::Service<Request<B>> for ScrapeService<S>
-where
-    S: tower::Service<Request<B>, Response = Response<ResponseBody>, Error = Error>,
-{
-    type Response = Response<ResponseBody>;
-    type Error = Error;
-    type Future = Either<Ready<Result<Self::Response, Error>>, S::Future>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: Request<B>) -> Self::Future {
-        if req.uri().path() != "/metrics" {
-            return Either::Right(self.inner.call(req));
-        }
-        let s = &self.scrape;
-        let text = s.metrics.render(&s.pools, &s.admission);
-        let mut res = Response::new(ResponseBody::full(text));
-        res.headers_mut().insert(
-            http::header::CONTENT_TYPE,
-            http::HeaderValue::from_static("text/plain; version=0.0.4"),
-        );
-        Either::Left(futures_util::future::ready(Ok(res)))
     }
 }
