@@ -105,3 +105,44 @@ async fn admin_tenants_needs_the_token_and_shows_live_queues() {
     .await;
     r.assert_error(405, "method_not_allowed");
 }
+
+#[tokio::test]
+async fn admin_listen_moves_metrics_and_admin_off_the_main_listener() {
+    let var = unique_env("ADMIN_LISTEN");
+    std::env::set_var(&var, "tok-listen");
+    let mock = mock_with(MockConfig::default()).await;
+    let toml = format!(
+        "[admin]\nlisten = \"127.0.0.1:0\"\ntoken_env = \"{var}\"\n{}",
+        config(&mock.base_url(), "", "", "")
+    );
+    let proxy = proxy(&toml).await;
+    let ops = proxy.admin_addr.expect("an operations listener");
+    assert_ne!(ops, proxy.addr);
+    let r = send(post(
+        proxy.addr,
+        "/v1/chat/completions",
+        Some(KEY_A),
+        &chat("gpt-4o-mini"),
+        &[],
+    ))
+    .await;
+    assert_eq!(r.status, 200);
+    let m = get(ops, "/metrics", None).await;
+    assert_eq!(m.status, 200);
+    assert!(String::from_utf8_lossy(&m.body).contains("fairgate_requests_total{"));
+    assert_eq!(
+        get(ops, "/admin/tenants", Some("tok-listen")).await.status,
+        200
+    );
+    get(ops, "/v1/models", Some(KEY_A))
+        .await
+        .assert_error(404, "not_found");
+    // The main listener no longer answers them: without a tenant key they are 401.
+    assert_eq!(get(proxy.addr, "/metrics", None).await.status, 401);
+    assert_eq!(
+        get(proxy.addr, "/admin/tenants", Some("tok-listen"))
+            .await
+            .status,
+        401
+    );
+}

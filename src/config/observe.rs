@@ -43,6 +43,9 @@ pub struct LogConfig {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AdminConfig {
+    /// A separate listener for `/metrics` and the admin API. Unset: both are on the main
+    /// listener; set: only here (the main listener no longer answers them).
+    pub listen: Option<std::net::SocketAddr>,
     /// Env var holding the bearer token of the admin API. Unset key: the admin API is off (404).
     pub token_env: Option<String>,
 }

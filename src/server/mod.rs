@@ -7,6 +7,7 @@
 //! 503, in-flight requests and streams get up to `shutdown_grace_ms` to finish, and whatever is
 //! left after that is aborted.
 
+pub mod ops;
 mod tls;
 
 use std::convert::Infallible;
@@ -34,7 +35,7 @@ use crate::response::{BoxError, ResponseBody};
 use crate::route::Router;
 use crate::tenant::Directory;
 use crate::upstream::Upstream;
-use crate::{admin, body, edge, estimate, health, queue, route, tenant, upstream};
+use crate::{body, edge, estimate, health, queue, route, tenant, upstream};
 
 /// Everything the stack shares, built once from a validated [`Config`].
 #[derive(Debug, Clone)]
@@ -116,31 +117,17 @@ where
     B::Error: Into<BoxError>,
 {
     let tenant_header: Option<HeaderName> = state.tenants.tenant_header().cloned();
+    let on_main = state.config.admin.listen.is_none();
     ServiceBuilder::new()
         // Outermost so that every error of every stage below (and any panic) is rendered once,
         // in OpenAI's shape, and every response carries x-fairgate-queue-ms.
         .layer(edge::Layer)
         // Before authentication: probes carry no key, and must not cost a body read.
         .layer(health::Layer(state.ready.clone()))
-        // `/metrics`, also before authentication: a scraper carries no tenant key.
-        .layer(metrics::Scrape {
-            metrics: state.metrics.clone(),
-            pools: state.pools.clone(),
-            admission: state.admission.clone(),
-        })
-        // The admin API, before tenant authentication: it has its own token.
-        .layer(admin::Layer {
-            token: state.admin_token.clone(),
-            pool_names: state
-                .config
-                .upstreams
-                .iter()
-                .map(|u| u.name.clone())
-                .collect(),
-            pools: state.pools.clone(),
-            estimator: state.estimator.clone(),
-            metrics: state.metrics.clone(),
-        })
+        // `/metrics` and the admin API, also before authentication (a scraper carries no tenant
+        // key; the admin API has its own token), unless they have their own listener.
+        .option_layer(on_main.then(|| ops::scrape(state)))
+        .option_layer(on_main.then(|| ops::admin(state)))
         // Who is calling, before reading a byte of the body: unknown callers cost a header hash.
         .layer(tenant::Layer(state.tenants.clone()))
         // Request metrics and the per-request log line, as soon as the tenant is known: every
@@ -194,6 +181,8 @@ pub enum StartError {
 pub struct ServerHandle {
     /// The bound address.
     pub addr: SocketAddr,
+    /// The operations listener's address (`[admin] listen`), if any.
+    pub admin_addr: Option<SocketAddr>,
     /// The pools' fair queues (for introspection: loads, tests).
     pub pools: Arc<[Arc<FairQueue>]>,
     /// Admission state (learned capacity, retry counters; for introspection).
@@ -223,6 +212,10 @@ pub async fn start(config: Config, listener: TcpListener) -> Result<ServerHandle
         Some(t) => Some(tls::acceptor(t).map_err(StartError::Tls)?),
         None => None,
     };
+    let admin_listener = match config.admin.listen {
+        Some(a) => Some(TcpListener::bind(a).await?),
+        None => None,
+    };
     let state = State::new(config)?;
     let pools = state.pools.clone();
     let admission = state.admission.clone();
@@ -235,6 +228,14 @@ pub async fn start(config: Config, listener: TcpListener) -> Result<ServerHandle
         .timer(TokioTimer::new())
         .header_read_timeout(Duration::from_secs(30));
     let (stop, mut stopped) = watch::channel(false);
+    let admin_addr = match admin_listener {
+        Some(l) => {
+            let addr = l.local_addr()?;
+            ops::spawn(&state, l, stop.subscribe());
+            Some(addr)
+        }
+        None => None,
+    };
     state.ready.store(true, Ordering::Release);
     let ready = state.ready.clone();
     let join = tokio::spawn(async move {
@@ -295,6 +296,7 @@ pub async fn start(config: Config, listener: TcpListener) -> Result<ServerHandle
     });
     Ok(ServerHandle {
         addr,
+        admin_addr,
         pools,
         admission,
         estimator,
@@ -307,7 +309,7 @@ pub async fn start(config: Config, listener: TcpListener) -> Result<ServerHandle
 pub async fn run(config: Config) -> Result<(), StartError> {
     let listener = TcpListener::bind(config.server.listen).await?;
     let handle = start(config, listener).await?;
-    tracing::info!(addr = %handle.addr, "fairgate listening");
+    tracing::info!(addr = %handle.addr, admin = ?handle.admin_addr, "fairgate listening");
     shutdown_signal().await;
     tracing::info!("signal received");
     handle.shutdown();
