@@ -32,7 +32,20 @@ pub fn serve(path: &Path) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    init_tracing(config.log.format);
     block_on(crate::server::run(config))
+}
+
+/// Installs the process's log subscriber: `FAIRGATE_LOG` filter (default `info`), text or JSON
+/// lines by `[log] format`. Does nothing if one is already installed.
+pub fn init_tracing(format: crate::config::LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("FAIRGATE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    let _ = match format {
+        crate::config::LogFormat::Text => builder.try_init(),
+        crate::config::LogFormat::Json => builder.json().flatten_event(true).try_init(),
+    };
 }
 
 /// Runs `fut` on a fresh multi-thread runtime; an error is printed and exits 1.

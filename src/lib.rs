@@ -7,6 +7,7 @@
 //! bundled OpenAI-compatible test upstream; `sim` drives the same scheduler on a virtual clock.
 #![forbid(unsafe_code)]
 
+pub mod admin;
 pub mod admission;
 pub mod body;
 pub mod cli;
@@ -17,6 +18,7 @@ pub mod edge;
 pub mod error;
 pub mod estimate;
 pub mod health;
+pub mod metrics;
 pub mod mock;
 pub mod queue;
 pub mod response;

@@ -53,19 +53,10 @@ fn parse_policy(s: &str) -> Result<fairgate::scheduler::Policy, String> {
     }
 }
 
-fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("FAIRGATE_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt().with_env_filter(filter).init();
-}
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Serve { config } => {
-            init_tracing();
-            fairgate::cli::serve(&config)
-        }
+        Command::Serve { config } => fairgate::cli::serve(&config),
         Command::Check { config } => fairgate::cli::check(&config),
         Command::MockUpstream(args) => fairgate::cli::block_on(fairgate::mock::run_cli(args)),
         Command::Simulate { file, policy, json } => fairgate::cli::simulate(&file, policy, json),

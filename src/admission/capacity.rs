@@ -40,6 +40,8 @@ pub struct PoolCapacity {
     configured: u32,
     reserved: u32,
     epoch: tokio::time::Instant,
+    /// 429 answers seen from the upstream.
+    overloads: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for PoolCapacity {
@@ -64,6 +66,7 @@ impl PoolCapacity {
             configured: max.max(1),
             reserved,
             epoch: tokio::time::Instant::now(),
+            overloads: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -90,6 +93,11 @@ impl PoolCapacity {
         self.lock().aimd.paused_until().saturating_sub(self.now())
     }
 
+    /// 429 answers the upstream has sent so far.
+    pub fn throttled(&self) -> u64 {
+        self.overloads.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Feeds one upstream answer.
     pub fn observe(self: &Arc<Self>, status: StatusCode, headers: &HeaderMap) {
         let now = self.now();
@@ -99,6 +107,10 @@ impl PoolCapacity {
         let in_flight = overload.then(|| self.queue.load().1);
         let mut st = self.lock();
         if overload {
+            if status == StatusCode::TOO_MANY_REQUESTS {
+                self.overloads
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
             let before = st.aimd.limit();
             st.aimd.on_overload_at(now, None, in_flight);
             if let Some(wait) = upstream_wait(headers).filter(|_| st.aimd.limit() == before) {

@@ -122,6 +122,9 @@ where
                 ext.get::<crate::estimate::Estimate>(),
                 adm.default_output,
             );
+            if let Some(log) = ext.get::<Arc<crate::metrics::RequestLog>>() {
+                log.estimated(est.total);
+            }
             // 1. Size caps.
             if est.input > limits.max_input_tokens {
                 return Err(AdmissionError::InputTooLarge {

@@ -6,11 +6,13 @@
 //! exist, URLs are http(s), digests are 64 hex chars). Environment variables are read only by
 //! [`Config::check_env`], at startup.
 
+mod observe;
 mod schema;
 mod validate;
 
 use std::path::{Path, PathBuf};
 
+pub use observe::{AdminConfig, LogConfig, LogFormat, MetricsConfig};
 pub use schema::*;
 pub use validate::validate;
 
@@ -85,8 +87,14 @@ impl Config {
                 .as_ref()
                 .map(|v| (format!("tenants[{i}].upstream_api_key_env"), v))
         });
+        let admin = self
+            .admin
+            .token_env
+            .as_ref()
+            .map(|v| ("admin.token_env".to_owned(), v));
         upstreams
             .chain(tenants)
+            .chain(admin)
             .filter(|(_, var)| std::env::var_os(var).is_none())
             .map(|(key, var)| ConfigError::MissingEnv {
                 key,

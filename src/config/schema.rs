@@ -38,6 +38,15 @@ pub struct Config {
     /// `[models."NAME"]`: per-model cost weight and tokenizer override.
     #[serde(default)]
     pub models: BTreeMap<String, ModelConfig>,
+    /// `[metrics]`: the Prometheus endpoint.
+    #[serde(default)]
+    pub metrics: super::MetricsConfig,
+    /// `[log]`: request log format.
+    #[serde(default)]
+    pub log: super::LogConfig,
+    /// `[admin]`: the admin API.
+    #[serde(default)]
+    pub admin: super::AdminConfig,
 }
 
 /// `[estimate]`: cost = (input × input_weight + output × output_weight + tool_call_tokens ×

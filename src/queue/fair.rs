@@ -224,6 +224,21 @@ impl FairQueue {
         })
     }
 
+    /// Every tenant's state in this pool, with the age of its oldest queued request.
+    pub fn snapshot(&self) -> Vec<(scheduler::TenantSnapshot, Option<Duration>)> {
+        let now = self.now();
+        let inner = self.lock();
+        inner
+            .sched
+            .snapshot()
+            .into_iter()
+            .map(|t| {
+                let age = t.oldest_enqueued_at.map(|at| now.saturating_sub(at));
+                (t, age)
+            })
+            .collect()
+    }
+
     /// (queued, in flight) in the pool.
     pub fn load(&self) -> (usize, u32) {
         let inner = self.lock();

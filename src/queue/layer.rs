@@ -16,10 +16,13 @@ use http::{header, HeaderValue, Request, Response, StatusCode};
 
 use super::fair::{CostInputs, FairQueue, QueueError};
 use super::permit::Permit;
-use crate::admission::{ActualTokens, Deadline, Error as AdmissionError};
+use crate::admission::{
+    ActualTokens, Deadline, Error as AdmissionError, Estimate as AdmissionEstimate,
+};
 use crate::body::Parsed;
 use crate::error::{ApiError, Error};
 use crate::estimate::{Estimate, Estimator};
+use crate::metrics::{Dispatch, RequestLog};
 use crate::response::ResponseBody;
 use crate::route::Route;
 use crate::tenant::Identity;
@@ -92,6 +95,7 @@ where
                 None => cost_inputs(req.body(), ext.get::<Parsed>()),
             };
             let tenant = id.tenant.id.clone();
+            let (route_index, class) = (route.index, id.class);
             let acquire = pool.acquire(&tenant, id.class, id.recovery, cost);
             // A deadline removes the request from the queue when it passes (the cancel guard of
             // `acquire` uncharges it) and answers 504.
@@ -105,6 +109,18 @@ where
                 .insert(QueueMs(permit.waited().as_millis() as u64));
             req.extensions_mut().insert(permit.surcharge());
             let actual = req.extensions().get::<ActualTokens>().cloned();
+            if let Some(log) = req.extensions().get::<Arc<RequestLog>>() {
+                let ext = req.extensions();
+                log.dispatched(Dispatch {
+                    pool: route_index,
+                    class,
+                    waited: permit.waited(),
+                    charged: permit.charged(),
+                    model: ext.get::<Parsed>().map(|p| p.model.as_str()),
+                    estimated: ext.get::<AdmissionEstimate>().map(|e| e.total.0),
+                    actual: actual.clone(),
+                });
+            }
             let res = inner.call(req).await?;
             Ok(match estimate {
                 Some(e) if res.status().is_success() => {

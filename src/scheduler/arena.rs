@@ -100,6 +100,11 @@ impl<T> Arena<T> {
         Some(entry)
     }
 
+    /// Live entries, in slot order.
+    pub fn iter(&self) -> impl Iterator<Item = &Entry<T>> {
+        self.slots.iter().filter_map(|s| s.entry.as_ref())
+    }
+
     /// Number of live entries.
     pub fn len(&self) -> usize {
         self.live

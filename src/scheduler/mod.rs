@@ -167,6 +167,23 @@ pub struct Grant<T> {
     pub item: T,
 }
 
+/// One tenant's state, read for metrics and the admin API ([`Scheduler::snapshot`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TenantSnapshot {
+    /// The tenant.
+    pub id: TenantId,
+    /// Its share weight.
+    pub weight: Weight,
+    /// Requests queued.
+    pub queued: usize,
+    /// Requests in flight.
+    pub in_flight: u32,
+    /// Credit summed over its lanes (negative: debt).
+    pub credit: i64,
+    /// When its oldest queued request was enqueued (scheduler time).
+    pub oldest_enqueued_at: Option<Duration>,
+}
+
 /// Shared per-tenant state (across lanes).
 #[derive(Debug)]
 pub(crate) struct TenantState {
@@ -395,6 +412,32 @@ impl<T> Scheduler<T> {
     /// Requests a tenant has queued in one lane.
     pub fn lane_queued(&self, k: TenantKey, lane: Lane) -> usize {
         self.lanes[lane.index()].tenant_queued(k)
+    }
+
+    /// A read-only view of every tenant, indexed by [`TenantKey`] order. `oldest_enqueued_at` is
+    /// the enqueue time (the `now` passed to `enqueue`) of its oldest queued request.
+    pub fn snapshot(&self) -> Vec<TenantSnapshot> {
+        let mut oldest: Vec<Option<Duration>> = vec![None; self.tenants.len()];
+        for e in self.arena.iter() {
+            let o = &mut oldest[e.tenant.idx()];
+            *o = Some(o.map_or(e.enqueued_at, |o| o.min(e.enqueued_at)));
+        }
+        self.tenants
+            .iter()
+            .zip(oldest)
+            .enumerate()
+            .map(|(i, (t, oldest_enqueued_at))| {
+                let k = TenantKey(i as u32);
+                TenantSnapshot {
+                    id: t.id.clone(),
+                    weight: t.spec.weight,
+                    queued: t.queued,
+                    in_flight: t.in_flight,
+                    credit: self.lanes.iter().map(|l| l.credit(k)).sum(),
+                    oldest_enqueued_at,
+                }
+            })
+            .collect()
     }
 
     /// A tenant's current credit in a lane (negative: debt). Zero for FIFO.

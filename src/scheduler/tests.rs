@@ -389,3 +389,40 @@ fn a_newcomer_is_not_queued_behind_a_tenant_returning_within_its_round() {
     s.complete(held.pop().unwrap().slot);
     assert_eq!(next(&mut s).unwrap().item.0, 1);
 }
+
+#[test]
+fn snapshot_reports_queued_in_flight_weight_and_oldest() {
+    let mut s = sched(Policy::Drr, 100, 1);
+    let k = add(&mut s, 2, 2.0, None);
+    let at = |s: &mut Scheduler<Item>, t: u64, k: TenantKey| {
+        s.enqueue(
+            Duration::from_secs(t),
+            k,
+            Class::Interactive,
+            false,
+            (k.idx(), 50),
+        )
+        .unwrap()
+    };
+    at(&mut s, 1, k[0]);
+    at(&mut s, 2, k[0]);
+    at(&mut s, 3, k[0]);
+    let g = next(&mut s).unwrap();
+    let snap = s.snapshot();
+    assert_eq!(snap.len(), 2);
+    assert_eq!(snap[0].id, TenantId::new("t0"));
+    assert_eq!((snap[0].queued, snap[0].in_flight), (2, 1));
+    assert_eq!(snap[0].weight.get(), 2.0);
+    // The oldest still queued arrived at 2 s (the one at 1 s was dispatched).
+    assert_eq!(snap[0].oldest_enqueued_at, Some(Duration::from_secs(2)));
+    assert_eq!(snap[0].credit, s.credit(k[0], Lane::Interactive));
+    assert_eq!(
+        (
+            snap[1].queued,
+            snap[1].in_flight,
+            snap[1].oldest_enqueued_at
+        ),
+        (0, 0, None)
+    );
+    s.complete(g.slot);
+}

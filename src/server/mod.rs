@@ -7,6 +7,7 @@
 //! 503, in-flight requests and streams get up to `shutdown_grace_ms` to finish, and whatever is
 //! left after that is aborted.
 
+pub mod ops;
 mod tls;
 
 use std::convert::Infallible;
@@ -28,6 +29,7 @@ use tower::ServiceBuilder;
 use crate::admission::{self, Admission};
 use crate::config::{Config, ConfigError};
 use crate::estimate::Estimator;
+use crate::metrics::{self, Metrics};
 use crate::queue::FairQueue;
 use crate::response::{BoxError, ResponseBody};
 use crate::route::Router;
@@ -55,6 +57,10 @@ pub struct State {
     pub estimator: Arc<Estimator>,
     /// `/readyz` flag.
     pub ready: Arc<AtomicBool>,
+    /// The metrics registry (`/metrics`).
+    pub metrics: Arc<Metrics>,
+    /// The admin API's bearer token (`[admin] token_env`); `None`: the admin API is off.
+    pub admin_token: Option<Arc<str>>,
 }
 
 impl State {
@@ -68,10 +74,21 @@ impl State {
             .enumerate()
             .map(|(i, u)| Upstream::from_config(u, i, env).map(Arc::new))
             .collect::<Result<Vec<_>, _>>()?;
+        let admin_token = match &config.admin.token_env {
+            None => None,
+            Some(var) => Some(Arc::from(env(var).ok_or_else(|| {
+                ConfigError::MissingEnv {
+                    key: "admin.token_env".to_owned(),
+                    var: var.clone(),
+                }
+            })?)),
+        };
         let estimator = Arc::new(Estimator::new(&config.estimate, &config.models));
         let pools = queue::pools(&config, &tenants, &estimator);
         let admission = Admission::new(&config, pools.clone());
         Ok(Self {
+            metrics: Metrics::new(&config),
+            admin_token,
             admission,
             estimator,
             router: Arc::new(Router::new(upstreams.clone())),
@@ -100,14 +117,22 @@ where
     B::Error: Into<BoxError>,
 {
     let tenant_header: Option<HeaderName> = state.tenants.tenant_header().cloned();
+    let on_main = state.config.admin.listen.is_none();
     ServiceBuilder::new()
         // Outermost so that every error of every stage below (and any panic) is rendered once,
         // in OpenAI's shape, and every response carries x-fairgate-queue-ms.
         .layer(edge::Layer)
         // Before authentication: probes carry no key, and must not cost a body read.
         .layer(health::Layer(state.ready.clone()))
+        // `/metrics` and the admin API, also before authentication (a scraper carries no tenant
+        // key; the admin API has its own token), unless they have their own listener.
+        .option_layer(on_main.then(|| ops::scrape(state)))
+        .option_layer(on_main.then(|| ops::admin(state)))
         // Who is calling, before reading a byte of the body: unknown callers cost a header hash.
         .layer(tenant::Layer(state.tenants.clone()))
+        // Request metrics and the per-request log line, as soon as the tenant is known: every
+        // answer below (success or refusal, with its reason) is counted under its tenant.
+        .layer(metrics::Layer(state.metrics.clone()))
         // Read the (bounded) body once and parse it once; estimation and routing need it.
         .layer(body::Layer {
             max_body_bytes: state.config.server.max_body_bytes,
@@ -156,6 +181,8 @@ pub enum StartError {
 pub struct ServerHandle {
     /// The bound address.
     pub addr: SocketAddr,
+    /// The operations listener's address (`[admin] listen`), if any.
+    pub admin_addr: Option<SocketAddr>,
     /// The pools' fair queues (for introspection: loads, tests).
     pub pools: Arc<[Arc<FairQueue>]>,
     /// Admission state (learned capacity, retry counters; for introspection).
@@ -185,6 +212,10 @@ pub async fn start(config: Config, listener: TcpListener) -> Result<ServerHandle
         Some(t) => Some(tls::acceptor(t).map_err(StartError::Tls)?),
         None => None,
     };
+    let admin_listener = match config.admin.listen {
+        Some(a) => Some(TcpListener::bind(a).await?),
+        None => None,
+    };
     let state = State::new(config)?;
     let pools = state.pools.clone();
     let admission = state.admission.clone();
@@ -197,6 +228,14 @@ pub async fn start(config: Config, listener: TcpListener) -> Result<ServerHandle
         .timer(TokioTimer::new())
         .header_read_timeout(Duration::from_secs(30));
     let (stop, mut stopped) = watch::channel(false);
+    let admin_addr = match admin_listener {
+        Some(l) => {
+            let addr = l.local_addr()?;
+            ops::spawn(&state, l, stop.subscribe());
+            Some(addr)
+        }
+        None => None,
+    };
     state.ready.store(true, Ordering::Release);
     let ready = state.ready.clone();
     let join = tokio::spawn(async move {
@@ -257,6 +296,7 @@ pub async fn start(config: Config, listener: TcpListener) -> Result<ServerHandle
     });
     Ok(ServerHandle {
         addr,
+        admin_addr,
         pools,
         admission,
         estimator,
@@ -269,7 +309,7 @@ pub async fn start(config: Config, listener: TcpListener) -> Result<ServerHandle
 pub async fn run(config: Config) -> Result<(), StartError> {
     let listener = TcpListener::bind(config.server.listen).await?;
     let handle = start(config, listener).await?;
-    tracing::info!(addr = %handle.addr, "fairgate listening");
+    tracing::info!(addr = %handle.addr, admin = ?handle.admin_addr, "fairgate listening");
     shutdown_signal().await;
     tracing::info!("signal received");
     handle.shutdown();

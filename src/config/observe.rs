@@ -1,0 +1,51 @@
+//! `[metrics]`, `[log]` and `[admin]`: what the Prometheus endpoint exposes, how request logs
+//! look, and who may use the admin API.
+
+use serde::Deserialize;
+
+/// `[metrics]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    /// Label per-tenant series with the tenant id (`true`) or with the tenant's plan cohort
+    /// (`false`; tenants without a plan share the cohort `none`), for very many tenants.
+    pub per_tenant_labels: bool,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        Self {
+            per_tenant_labels: true,
+        }
+    }
+}
+
+/// Format of log lines.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable `key=value` lines.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// `[log]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// `"text"` (default) or `"json"`.
+    pub format: LogFormat,
+}
+
+/// `[admin]`: the admin API (`GET /admin/tenants`), off unless a token is configured.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminConfig {
+    /// A separate listener for `/metrics` and the admin API. Unset: both are on the main
+    /// listener; set: only here (the main listener no longer answers them).
+    pub listen: Option<std::net::SocketAddr>,
+    /// Env var holding the bearer token of the admin API. Unset key: the admin API is off (404).
+    pub token_env: Option<String>,
+}

@@ -1,0 +1,91 @@
+//! The operations endpoints (`/metrics`, `/admin/*`): layered into the main stack, or served on
+//! their own listener when `[admin] listen` is set.
+//!
+//! Invariant: the operations listener answers nothing but these endpoints (everything else is
+//! 404) and stops accepting when the server shuts down.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use http::{Request, Response, StatusCode};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tower::ServiceBuilder;
+
+use super::State;
+use crate::response::ResponseBody;
+use crate::{admin, edge, metrics};
+
+/// The `/metrics` layer of `state`.
+pub(super) fn scrape(state: &State) -> metrics::Scrape {
+    metrics::Scrape {
+        metrics: state.metrics.clone(),
+        pools: state.pools.clone(),
+        admission: state.admission.clone(),
+    }
+}
+
+/// The admin API layer of `state`.
+pub(super) fn admin(state: &State) -> admin::Layer {
+    admin::Layer {
+        token: state.admin_token.clone(),
+        pool_names: state
+            .config
+            .upstreams
+            .iter()
+            .map(|u| u.name.clone())
+            .collect(),
+        pools: state.pools.clone(),
+        estimator: state.estimator.clone(),
+        metrics: state.metrics.clone(),
+    }
+}
+
+/// The operations listener's stack: `/metrics`, `/admin/*`, else 404.
+pub fn stack<B: Send + 'static>(
+    state: &State,
+) -> impl tower::Service<
+    Request<B>,
+    Response = Response<ResponseBody>,
+    Error = Infallible,
+    Future: Send + 'static,
+> + Clone
+       + Send
+       + 'static {
+    ServiceBuilder::new()
+        .layer(edge::Layer)
+        .layer(scrape(state))
+        .layer(admin(state))
+        .service(tower::service_fn(|_: Request<B>| async {
+            Ok::<_, crate::Error>(crate::error::render(
+                StatusCode::NOT_FOUND,
+                "not found",
+                "invalid_request_error",
+                "not_found",
+            ))
+        }))
+}
+
+/// Serves the operations stack on `listener` until `stopped` turns true.
+pub(super) fn spawn(state: &State, listener: TcpListener, mut stopped: watch::Receiver<bool>) {
+    let service = TowerToHyperService::new(stack::<hyper::body::Incoming>(state));
+    let builder = Arc::new(auto::Builder::new(TokioExecutor::new()));
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                biased;
+                _ = async { let _ = stopped.wait_for(|s| *s).await; } => break,
+                accepted = listener.accept() => {
+                    let Ok((stream, _)) = accepted else { continue };
+                    let (builder, service) = (builder.clone(), service.clone());
+                    tokio::spawn(async move {
+                        let _ = builder.serve_connection(TokioIo::new(stream), service).await;
+                    });
+                }
+            }
+        }
+    });
+}

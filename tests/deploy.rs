@@ -1,0 +1,50 @@
+//! The files in `deploy/` stay in step with the code: the Kubernetes example's config validates,
+//! and the Grafana dashboard is valid JSON that queries the metric families of the contract.
+
+use fairgate::config::Config;
+
+#[test]
+fn sidecar_configmap_config_is_valid() {
+    let yaml = std::fs::read_to_string("deploy/k8s/sidecar.yaml").unwrap();
+    let block = yaml
+        .split("config.toml: |\n")
+        .nth(1)
+        .and_then(|rest| rest.split("\n---").next())
+        .expect("a config.toml block");
+    let toml: String = block
+        .lines()
+        .map(|l| l.strip_prefix("    ").unwrap_or(l.trim()))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let config = Config::from_toml_str(&toml).expect("the sidecar config validates");
+    assert_eq!(config.server.tenant_header.as_deref(), Some("x-tenant-id"));
+}
+
+#[test]
+fn grafana_dashboard_queries_the_contract_families() {
+    let text = std::fs::read_to_string("deploy/grafana/fairgate.json").unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
+    assert!(!v["panels"].as_array().unwrap().is_empty());
+    for family in [
+        "fairgate_queue_wait_seconds",
+        "fairgate_requests_total",
+        "fairgate_request_duration_seconds",
+        "fairgate_time_to_first_byte_seconds",
+        "fairgate_tokens_estimated_total",
+        "fairgate_tokens_actual_total",
+        "fairgate_estimate_error_ratio",
+        "fairgate_rejected_total",
+        "fairgate_queue_depth",
+        "fairgate_inflight",
+        "fairgate_oldest_queued_seconds",
+        "fairgate_share_ratio",
+        "fairgate_jain_index",
+        "fairgate_upstream_limit",
+        "fairgate_upstream_429_total",
+        "fairgate_upstream_retries_total",
+        "fairgate_deadline_misses_total",
+        "fairgate_cost_tokens_total",
+    ] {
+        assert!(text.contains(family), "dashboard lacks {family}");
+    }
+}
