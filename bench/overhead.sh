@@ -63,7 +63,8 @@ need_tools() {
 free_port() {
     local port tries
     for tries in $(seq 1 200); do
-        port=$((20000 + RANDOM % 40000))
+        # Below the ephemeral range (32768+), so a client socket of an earlier run cannot hold it.
+        port=$((20000 + RANDOM % 12000))
         if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
             echo "$port"
             return
