@@ -85,8 +85,11 @@ where
                 .extensions()
                 .get::<Identity>()
                 .map(|i| i.tenant.id.clone());
-            let parsed = req.extensions_mut().remove::<Parsed>();
-            let (Some(endpoint), Some(tenant), Some(parsed)) = (endpoint, tenant, parsed) else {
+            let (Some(endpoint), Some(tenant)) = (endpoint, tenant) else {
+                // Not a counted endpoint: leave the request (and its `Parsed`) as it is.
+                return inner.call(req).await;
+            };
+            let Some(parsed) = req.extensions_mut().remove::<Parsed>() else {
                 return inner.call(req).await;
             };
             let est = &layer.estimator;
