@@ -5,8 +5,10 @@
 //! slower: the limiter probes gently where it already knows the wall is, so a provider with a
 //! fixed capacity sees a 429 every few dozen round trips rather than every few.
 //!
-//! Invariants: `min ≤ limit ≤ max`; at most one decrease per `cooldown` (the in-flight requests
-//! that were sent before the first 429 came back must not cut the limit again and again); a
+//! Invariants: `min ≤ limit ≤ max`; at most one relative decrease per `cooldown` (the in-flight
+//! requests that were sent before the first 429 came back must not cut the limit again and
+//! again), while a decrease *to* a counted concurrency (`on_overload_at`) may come sooner, as it
+//! only ever takes the lowest count seen; a
 //! `Retry-After` from the upstream pauses dispatch until then (`paused_until`). Pure: time is an
 //! argument.
 
@@ -112,19 +114,26 @@ impl Aimd {
         if let Some(ra) = retry_after {
             self.paused_until = self.paused_until.max(now + ra);
         }
-        if self
+        let within_cooldown = self
             .last_decrease
-            .is_some_and(|t| now.saturating_sub(t) < self.cooldown)
-        {
-            return;
-        }
-        self.last_decrease = Some(now);
+            .is_some_and(|t| now.saturating_sub(t) < self.cooldown);
         match in_flight.filter(|&n| n >= 2).map(f64::from) {
+            // A count is an absolute estimate, not a relative cut: more of them in one round
+            // trip (answers overtaking each other) can only bring the limit down to the lowest.
+            Some(n) if within_cooldown => {
+                if n - 1.0 < self.limit {
+                    self.limit = (n - 1.0).max(self.min);
+                    self.wall = Some(self.wall.map_or(n, |w| w.min(n)));
+                }
+            }
             Some(n) => {
+                self.last_decrease = Some(now);
                 self.wall = Some(n.min(self.limit));
                 self.limit = (n - 1.0).min(self.limit - 1.0).max(self.min);
             }
+            None if within_cooldown => {}
             None => {
+                self.last_decrease = Some(now);
                 self.wall = Some(self.limit);
                 self.limit = (self.limit * self.decrease).max(self.min);
             }
@@ -162,6 +171,18 @@ mod tests {
             a.on_success();
         }
         assert_eq!(a.limit(), 4);
+        // Answers of one burst come back out of order: within the cooldown a lower count still
+        // lowers the limit (to the count, not compounding), a higher one does nothing.
+        let mut a = Aimd::new(16);
+        a.on_overload_at(Duration::ZERO, None, Some(12));
+        assert_eq!(a.limit(), 11);
+        a.on_overload_at(Duration::from_millis(1), None, Some(14));
+        assert_eq!(a.limit(), 11);
+        a.on_overload_at(Duration::from_millis(2), None, Some(5));
+        a.on_overload_at(Duration::from_millis(3), None, Some(5));
+        assert_eq!(a.limit(), 4);
+        a.on_overload(Duration::from_millis(4), None);
+        assert_eq!(a.limit(), 4, "a blind cut still waits out the cooldown");
     }
 
     #[test]

@@ -1,8 +1,13 @@
 //! A pool's effective capacity, learned from the upstream's answers: the [`Aimd`] limiter fed by
 //! every upstream response, applied to the pool's [`FairQueue`] with `set_capacity`.
 //!
-//! - 429/503 → `on_overload` (multiplicative decrease, once per cooldown ≈ one round trip);
-//!   success → `on_success` (additive increase up to `max_concurrency`). The first overload of
+//! - 429/503 → `on_overload` (decrease, once per cooldown ≈ one round trip); success →
+//!   `on_success` (additive increase up to `max_concurrency`). The decrease goes to the number
+//!   of requests that were sent to the upstream *before* the refused one and are still on the
+//!   wire ([`WireTicket`]): a provider that caps concurrency at K accepted exactly those and
+//!   refused the next. The pool's in-flight count would overstate K (it counts requests waiting
+//!   out a retry backoff, and the rest of a burst sent at the same moment), and cutting by one
+//!   per round trip from there took seconds to settle. The first overload of
 //!   a round trip only *slows* dispatch (the decrease); another one within the same round trip
 //!   (or one at the minimum limit) means the cut was not enough, and the pool is *paused* for
 //!   the wait the upstream asked for (`retry-after-ms`, `Retry-After` seconds, else the nearest
@@ -19,6 +24,7 @@
 //! when the limit is below the configured size, the batch class's share shrinks in proportion
 //! (batch is slowed first). Lock order: this controller's mutex, then the queue's.
 
+use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -42,6 +48,35 @@ pub struct PoolCapacity {
     epoch: tokio::time::Instant,
     /// 429 answers seen from the upstream.
     overloads: std::sync::atomic::AtomicU64,
+    /// Send order of the requests on the wire to the upstream (see [`WireTicket`]).
+    wire: Mutex<Wire>,
+}
+
+#[derive(Default)]
+struct Wire {
+    next: u64,
+    outstanding: BTreeSet<u64>,
+}
+
+/// One request on the wire to the upstream, from send until its answer is refused or its body
+/// ends (attach it to the response body); dropping it takes it off the wire.
+pub struct WireTicket {
+    pool: Arc<PoolCapacity>,
+    seq: u64,
+}
+
+impl std::fmt::Debug for WireTicket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WireTicket")
+            .field("seq", &self.seq)
+            .finish()
+    }
+}
+
+impl Drop for WireTicket {
+    fn drop(&mut self) {
+        self.pool.wire().outstanding.remove(&self.seq);
+    }
 }
 
 impl std::fmt::Debug for PoolCapacity {
@@ -67,7 +102,30 @@ impl PoolCapacity {
             reserved,
             epoch: tokio::time::Instant::now(),
             overloads: std::sync::atomic::AtomicU64::new(0),
+            wire: Mutex::new(Wire::default()),
         })
+    }
+
+    fn wire(&self) -> std::sync::MutexGuard<'_, Wire> {
+        self.wire.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A request is being sent to the upstream now.
+    pub fn send(self: &Arc<Self>) -> WireTicket {
+        let mut w = self.wire();
+        let seq = w.next;
+        w.next += 1;
+        w.outstanding.insert(seq);
+        WireTicket {
+            pool: self.clone(),
+            seq,
+        }
+    }
+
+    /// Requests sent before `ticket` that are still on the wire.
+    fn ahead_of(&self, ticket: &WireTicket) -> u32 {
+        let w = self.wire();
+        u32::try_from(w.outstanding.range(..ticket.seq).count()).unwrap_or(u32::MAX)
     }
 
     fn now(&self) -> Duration {
@@ -98,13 +156,19 @@ impl PoolCapacity {
         self.overloads.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Feeds one upstream answer.
-    pub fn observe(self: &Arc<Self>, status: StatusCode, headers: &HeaderMap) {
+    /// Feeds one upstream answer to the request sent with `ticket` (`None`: order unknown, the
+    /// decrease is the blind multiplicative one).
+    pub fn observe(
+        self: &Arc<Self>,
+        ticket: Option<&WireTicket>,
+        status: StatusCode,
+        headers: &HeaderMap,
+    ) {
         let now = self.now();
         let overload =
             status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE;
-        // Read before taking our lock (lock order: capacity, then queue).
-        let in_flight = overload.then(|| self.queue.load().1);
+        // Those ahead were accepted; this one was refused: the wall is at ahead + 1.
+        let in_flight = ticket.filter(|_| overload).map(|t| self.ahead_of(t) + 1);
         let mut st = self.lock();
         if overload {
             if status == StatusCode::TOO_MANY_REQUESTS {
@@ -255,8 +319,7 @@ mod tests {
         assert_eq!(parse_go_duration("abc"), None);
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn overload_lowers_capacity_pauses_and_the_timer_restores_it() {
+    fn pool(max: u32, reserved: u32) -> Arc<PoolCapacity> {
         let queue = crate::queue::FairQueue::new(
             crate::queue::QueueSettings {
                 scheduler: crate::scheduler::Config {
@@ -271,16 +334,62 @@ mod tests {
             },
             &[],
         );
-        let cap = PoolCapacity::new(queue, 16, 1);
+        PoolCapacity::new(queue, max, reserved)
+    }
+
+    #[tokio::test]
+    async fn a_refusal_cuts_the_limit_to_the_requests_sent_before_it_still_on_the_wire() {
+        let cap = pool(16, 0);
+        // A burst of 16: the provider (K = 4) holds the first four and refuses the rest at once.
+        let tickets: Vec<_> = (0..16).map(|_| cap.send()).collect();
+        let h = HeaderMap::new();
+        cap.observe(Some(&tickets[15]), StatusCode::TOO_MANY_REQUESTS, &h);
+        assert_eq!(cap.limit(), 15, "the 16th came back first: 15 ahead of it");
+        // The rest come back out of order; the lowest count wins, in the same round trip.
+        for i in [9, 4, 12, 7] {
+            cap.observe(Some(&tickets[i]), StatusCode::TOO_MANY_REQUESTS, &h);
+        }
+        assert_eq!(
+            cap.limit(),
+            4,
+            "the fifth was refused behind four accepted ones"
+        );
+        drop(tickets);
+    }
+
+    #[tokio::test]
+    async fn a_ticket_leaves_the_wire_when_dropped() {
+        let cap = pool(16, 0);
+        let first = cap.send();
+        let second = cap.send();
+        drop(first);
+        cap.observe(
+            Some(&second),
+            StatusCode::TOO_MANY_REQUESTS,
+            &HeaderMap::new(),
+        );
+        assert_eq!(
+            cap.limit(),
+            11,
+            "nothing ahead: no concurrency signal, the blind cut"
+        );
+        assert!(cap.wire().outstanding.len() == 1);
+        drop(second);
+        assert!(cap.wire().outstanding.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn overload_lowers_capacity_pauses_and_the_timer_restores_it() {
+        let cap = pool(16, 1);
         let h = headers(&[("retry-after-ms", "300")]);
-        cap.observe(StatusCode::TOO_MANY_REQUESTS, &h);
+        cap.observe(None, StatusCode::TOO_MANY_REQUESTS, &h);
         assert_eq!(cap.limit(), 11);
         assert_eq!(
             cap.effective(),
             11,
             "the first overload of a round trip only slows"
         );
-        cap.observe(StatusCode::TOO_MANY_REQUESTS, &h);
+        cap.observe(None, StatusCode::TOO_MANY_REQUESTS, &h);
         assert_eq!(cap.limit(), 11);
         assert_eq!(cap.effective(), 1, "paused: only the recovery reservation");
         tokio::time::sleep(Duration::from_millis(301)).await;
@@ -290,13 +399,13 @@ mod tests {
         // Repeated overloads never take ordinary traffic's last slot.
         for _ in 0..20 {
             tokio::time::advance(Duration::from_secs(1)).await;
-            cap.observe(StatusCode::SERVICE_UNAVAILABLE, &HeaderMap::new());
+            cap.observe(None, StatusCode::SERVICE_UNAVAILABLE, &HeaderMap::new());
         }
         assert_eq!(cap.limit(), 1);
         assert_eq!(cap.effective(), 2, "reserved + 1");
         // Successes climb back, at most to the configured size.
         for _ in 0..5000 {
-            cap.observe(StatusCode::OK, &HeaderMap::new());
+            cap.observe(None, StatusCode::OK, &HeaderMap::new());
         }
         assert_eq!(cap.effective(), 16);
     }

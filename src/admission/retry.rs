@@ -153,17 +153,24 @@ where
             let mut attempt = 0;
             loop {
                 use tower::ServiceExt;
-                let result = inner.ready().await?.call(copy(&req)).await;
+                let ready = inner.ready().await?;
+                let ticket = pool.send();
+                let mut result = ready.call(copy(&req)).await;
                 let (status, wait) = match &result {
                     Ok(res) => {
-                        pool.observe(res.status(), res.headers());
+                        pool.observe(Some(&ticket), res.status(), res.headers());
                         (res.status(), upstream_wait(res.headers()))
                     }
                     Err(e) => (e.status(), None),
                 };
                 if !retryable(status) {
+                    // The request occupies the upstream until its body ends.
+                    if let Ok(res) = &mut result {
+                        res.body_mut().attach(Box::new(ticket));
+                    }
                     return result;
                 }
+                drop(ticket);
                 let backoff = shared
                     .policy
                     .backoff(attempt)
