@@ -32,20 +32,27 @@ pub fn serve(path: &Path) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    init_tracing(config.log.format);
+    let _flush_on_exit = init_tracing(config.log.format);
     block_on(crate::server::run(config))
 }
 
 /// Installs the process's log subscriber: `FAIRGATE_LOG` filter (default `info`), text or JSON
-/// lines by `[log] format`. Does nothing if one is already installed.
-pub fn init_tracing(format: crate::config::LogFormat) {
+/// lines by `[log] format`, written to stdout in batches off the request path
+/// ([`crate::logout`]). Keep the returned guard until exit (it writes what is left); `None` if a
+/// subscriber was already installed.
+pub fn init_tracing(format: crate::config::LogFormat) -> Option<crate::logout::FlushGuard> {
     let filter = tracing_subscriber::EnvFilter::try_from_env("FAIRGATE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
-    let _ = match format {
+    let (writer, guard) = crate::logout::Batched::new(std::io::stdout());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
+        .with_writer(writer);
+    let installed = match format {
         crate::config::LogFormat::Text => builder.try_init(),
         crate::config::LogFormat::Json => builder.json().flatten_event(true).try_init(),
     };
+    installed.ok().map(|()| guard)
 }
 
 /// Runs `fut` on a fresh multi-thread runtime; an error is printed and exits 1.

@@ -18,6 +18,7 @@ pub mod edge;
 pub mod error;
 pub mod estimate;
 pub mod health;
+pub mod logout;
 pub mod metrics;
 pub mod mock;
 pub mod queue;

@@ -6,6 +6,11 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// mimalloc instead of glibc malloc: a request allocates and frees many small buffers across
+/// two runtime threads, where glibc's arenas cost ~10% of the proxy's CPU (perf, BENCHMARKS.md).
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// A reverse proxy for OpenAI-compatible LLM APIs that keeps many tenants fair.
 #[derive(Debug, Parser)]
 #[command(name = "fairgate", version, about)]
