@@ -132,3 +132,6 @@ impl State {
         Ok((state, changes))
     }
 }
+
+#[cfg(test)]
+mod tests;
