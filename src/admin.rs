@@ -136,11 +136,13 @@ async fn reload(hook: Option<Arc<dyn Reload>>) -> Res {
         let e = crate::server::ReloadError::NoFile;
         return Ok(render(e.status(), &e.to_string(), e.kind(), e.code()));
     };
-    Ok(match tokio::task::spawn_blocking(move || hook.reload()).await {
-        Ok(Ok(summary)) => json(&summary),
-        Ok(Err(e)) => render(e.status(), &e.to_string(), e.kind(), e.code()),
-        Err(_) => return Err(Error::Internal("the reload task panicked")),
-    })
+    Ok(
+        match tokio::task::spawn_blocking(move || hook.reload()).await {
+            Ok(Ok(summary)) => json(&summary),
+            Ok(Err(e)) => render(e.status(), &e.to_string(), e.kind(), e.code()),
+            Err(_) => return Err(Error::Internal("the reload task panicked")),
+        },
+    )
 }
 
 impl<S, B> tower::Service<Request<B>> for Service<S>

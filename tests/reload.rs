@@ -122,7 +122,14 @@ fn body() -> String {
 
 async fn chat(addr: SocketAddr, tenant: &str, headers: &[(&str, &str)]) -> Collected {
     let key = format!("key-{tenant}");
-    send(post(addr, "/v1/chat/completions", Some(&key), &body(), headers)).await
+    send(post(
+        addr,
+        "/v1/chat/completions",
+        Some(&key),
+        &body(),
+        headers,
+    ))
+    .await
 }
 
 #[tokio::test]
@@ -150,16 +157,25 @@ async fn a_reloaded_weight_is_followed_by_the_served_shares() {
             }));
         }
     }
-    assert!(eventually(|| proxy.pools[0].load().0 >= 8).await, "both queue");
+    assert!(
+        eventually(|| proxy.pools[0].load().0 >= 8).await,
+        "both queue"
+    );
     let before = served_for(addr, (0, 0), 6_000).await;
     let ratio = before.0 as f64 / before.1 as f64;
-    assert!((0.5..=2.0).contains(&ratio), "1:1 before the reload: {before:?}");
+    assert!(
+        (0.5..=2.0).contains(&ratio),
+        "1:1 before the reload: {before:?}"
+    );
 
     let heavier = [("heavy", "3.0"), ("light", "1.0")];
     file.write(&toml(&mock.base_url(), &var, 1, &heavier));
     let r = reload(addr).await;
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
-    assert_eq!(r.json()["changes"]["tenants_changed"], serde_json::json!(["heavy"]));
+    assert_eq!(
+        r.json()["changes"]["tenants_changed"],
+        serde_json::json!(["heavy"])
+    );
     assert_eq!(field(addr, "heavy", "weight").await, 3.0);
 
     // Measure from a little after the switch (the visit in progress ends under the old weight).
@@ -173,7 +189,10 @@ async fn a_reloaded_weight_is_followed_by_the_served_shares() {
     assert!(heavy + light >= 25_000, "served {shares:?}");
     let ratio = heavy as f64 / light as f64;
     // At 1:1 this would be ~1.0.
-    assert!((2.4..=3.6).contains(&ratio), "heavy:light = {ratio} ({shares:?})");
+    assert!(
+        (2.4..=3.6).contains(&ratio),
+        "heavy:light = {ratio} ({shares:?})"
+    );
 }
 
 #[tokio::test]
@@ -186,8 +205,16 @@ async fn an_invalid_reload_is_refused_and_the_old_config_keeps_serving() {
     let addr = proxy.addr;
     let cases = [
         ("[[upstreams]\nname = ", "invalid_config", "line 1"),
-        (&*good.replace("weight = 2.0", "wieght = 2.0"), "invalid_config", "tenants[0].wieght"),
-        (&*good.replace("weight = 2.0", "weight = -1.0"), "invalid_config", "tenants[0].weight"),
+        (
+            &*good.replace("weight = 2.0", "wieght = 2.0"),
+            "invalid_config",
+            "tenants[0].wieght",
+        ),
+        (
+            &*good.replace("weight = 2.0", "weight = -1.0"),
+            "invalid_config",
+            "tenants[0].weight",
+        ),
     ];
     for (text, code, message) in cases {
         file.write(text);
@@ -217,7 +244,12 @@ async fn an_invalid_reload_is_refused_and_the_old_config_keeps_serving() {
 async fn a_removed_tenant_drains_and_its_key_is_refused_and_a_new_key_works() {
     let mock = mock().await;
     let (file, var) = (ConfigFile::new("remove"), token_var());
-    file.write(&toml(&mock.base_url(), &var, 1, &[("a", "1.0"), ("b", "1.0")]));
+    file.write(&toml(
+        &mock.base_url(),
+        &var,
+        1,
+        &[("a", "1.0"), ("b", "1.0")],
+    ));
     let proxy = start(&file).await;
     let addr = proxy.addr;
     let slow = [("x-mock-delay-ms", "400")];
@@ -226,7 +258,12 @@ async fn a_removed_tenant_drains_and_its_key_is_refused_and_a_new_key_works() {
         .collect();
     assert!(eventually(|| proxy.pools[0].load() == (2, 1)).await);
 
-    file.write(&toml(&mock.base_url(), &var, 1, &[("a", "1.0"), ("c", "2.0")]));
+    file.write(&toml(
+        &mock.base_url(),
+        &var,
+        1,
+        &[("a", "1.0"), ("c", "2.0")],
+    ));
     let r = reload(addr).await;
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     let changes = &r.json()["changes"];
@@ -241,11 +278,17 @@ async fn a_removed_tenant_drains_and_its_key_is_refused_and_a_new_key_works() {
         }
     }
 
-    chat(addr, "b", &[]).await.assert_error(401, "invalid_api_key");
+    chat(addr, "b", &[])
+        .await
+        .assert_error(401, "invalid_api_key");
     assert_eq!(chat(addr, "c", &[]).await.status, 200);
     assert_eq!(chat(addr, "a", &[]).await.status, 200);
     for h in held {
-        assert_eq!(h.await.unwrap().status, 200, "b's queued and in-flight requests complete");
+        assert_eq!(
+            h.await.unwrap().status,
+            200,
+            "b's queued and in-flight requests complete"
+        );
     }
     assert!(eventually(|| proxy.pools[0].load() == (0, 0)).await);
     // Drained: no longer listed.

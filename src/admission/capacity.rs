@@ -431,7 +431,11 @@ mod tests {
     async fn reconfigure_resizes_in_place_and_keeps_a_learned_limit() {
         let cap = pool(16, 0);
         cap.reconfigure(32, 1);
-        assert_eq!((cap.limit(), cap.effective()), (32, 32), "nothing learned: follows");
+        assert_eq!(
+            (cap.limit(), cap.effective()),
+            (32, 32),
+            "nothing learned: follows"
+        );
         cap.observe(None, StatusCode::TOO_MANY_REQUESTS, &HeaderMap::new());
         let learned = cap.limit();
         assert!(learned < 32);

@@ -424,7 +424,10 @@ mod tests {
         };
         let limits = HashMap::from([(t.clone(), same.clone()), (other.clone(), same.clone())]);
         let kept = s.with_limits(&limits).unwrap();
-        assert!(kept.admit(&t, Tokens(1)).is_err(), "same rates: same (empty) bucket");
+        assert!(
+            kept.admit(&t, Tokens(1)).is_err(),
+            "same rates: same (empty) bucket"
+        );
         assert!(kept.limited(&other) && kept.admit(&other, Tokens(1)).is_ok());
         let raised = TenantLimits {
             requests_per_minute: Some(10),
@@ -433,7 +436,10 @@ mod tests {
         let changed = kept
             .with_limits(&HashMap::from([(t.clone(), raised)]))
             .unwrap();
-        assert!(changed.admit(&t, Tokens(1)).is_ok(), "new rates: a new, full bucket");
+        assert!(
+            changed.admit(&t, Tokens(1)).is_ok(),
+            "new rates: a new, full bucket"
+        );
         assert!(!changed.limited(&other), "removed");
     }
 }

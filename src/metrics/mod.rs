@@ -217,10 +217,7 @@ impl Metrics {
                 inflight[label] += t.in_flight;
                 oldest[label] = oldest[label].max(age.unwrap_or_default().as_secs_f64());
                 let in_window = served.get(&t.id).map_or(0, |c| {
-                    c.window
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .sum(sec)
+                    c.window.lock().unwrap_or_else(|p| p.into_inner()).sum(sec)
                 });
                 samples.push(fairness::Sample {
                     label,

@@ -112,7 +112,12 @@ pub fn diff(old: &Config, new: &Config) -> Changes {
         .filter(|o| !new.upstreams.iter().any(|u| u.name == o.name))
         .map(|o| o.name.clone())
         .collect();
-    let order = |c: &Config| c.upstreams.iter().map(|u| u.name.clone()).collect::<Vec<_>>();
+    let order = |c: &Config| {
+        c.upstreams
+            .iter()
+            .map(|u| u.name.clone())
+            .collect::<Vec<_>>()
+    };
     if order(old) != order(new) {
         c.settings_changed.push("upstreams (routing order)");
     }

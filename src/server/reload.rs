@@ -95,7 +95,8 @@ impl State {
         let mut capacity: Vec<Arc<PoolCapacity>> = Vec::with_capacity(upstreams.len());
         for (u, old) in config.upstreams.iter().zip(&old_index) {
             let max = u32::try_from(u.max_concurrency).unwrap_or(u32::MAX);
-            let kept = old.and_then(|j| Some((self.pools.get(j)?, self.admission.capacity.get(j)?)));
+            let kept =
+                old.and_then(|j| Some((self.pools.get(j)?, self.admission.capacity.get(j)?)));
             let (pool, cap) = match kept {
                 Some((pool, cap)) => {
                     let settings = queue::scheduler_config(&config.scheduler, u.max_concurrency);

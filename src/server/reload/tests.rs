@@ -43,7 +43,10 @@ async fn pools_are_kept_by_name_and_reconfigured_in_place() {
     assert_eq!(changes.upstreams_added, ["w"]);
     assert_eq!(changes.upstreams_removed, ["v"]);
     assert_eq!(changes.upstreams_changed, ["u"]);
-    assert!(Arc::ptr_eq(&state.pools[1], &old.pools[0]), "u's queue is kept");
+    assert!(
+        Arc::ptr_eq(&state.pools[1], &old.pools[0]),
+        "u's queue is kept"
+    );
     assert!(!Arc::ptr_eq(&state.pools[0], &old.pools[1]));
     assert!(Arc::ptr_eq(
         &state.admission.capacity[1],
@@ -63,17 +66,24 @@ async fn pools_are_kept_by_name_and_reconfigured_in_place() {
     // Learned state is shared.
     assert!(Arc::ptr_eq(&state.estimator, &old.estimator));
     assert!(Arc::ptr_eq(&state.ready, &old.ready));
-    assert!(Arc::ptr_eq(&state.admission.retries, &old.admission.retries));
+    assert!(Arc::ptr_eq(
+        &state.admission.retries,
+        &old.admission.retries
+    ));
 }
 
 #[tokio::test]
 async fn an_unchanged_upstream_keeps_its_client() {
     let old = State::new(config(&[("u", 4), ("v", 4)], AB)).unwrap();
-    let (state, changes) = old
-        .reloaded(config(&[("v", 4), ("u", 5)], AB))
-        .unwrap();
-    assert!(Arc::ptr_eq(&state.upstreams[0], &old.upstreams[1]), "v unchanged");
-    assert!(!Arc::ptr_eq(&state.upstreams[1], &old.upstreams[0]), "u resized");
+    let (state, changes) = old.reloaded(config(&[("v", 4), ("u", 5)], AB)).unwrap();
+    assert!(
+        Arc::ptr_eq(&state.upstreams[0], &old.upstreams[1]),
+        "v unchanged"
+    );
+    assert!(
+        !Arc::ptr_eq(&state.upstreams[1], &old.upstreams[0]),
+        "u resized"
+    );
     assert_eq!(changes.settings_changed, ["upstreams (routing order)"]);
 }
 
