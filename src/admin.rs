@@ -1,23 +1,33 @@
 //! The admin API, answered before tenant authentication and protected by its own bearer token
 //! (read at startup from the env var named by `[admin] token_env`):
 //! `GET /admin/tenants` — live per-tenant state of every pool (queued, in flight, credit,
-//! weight, served share vs entitled share, estimate error).
+//! weight, served share vs entitled share, estimate error); `POST /admin/reload` — re-reads the
+//! config file and applies it live (200 with what changed; 400 in OpenAI's error shape naming
+//! the bad key, the previous configuration staying in force; 409 if the server has no file).
 //!
 //! Invariants: without a configured token every `/admin/` path is 404 (the API does not exist);
 //! a missing or wrong token is 401 and reveals nothing; the token is compared in constant time
 //! and never logged.
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 
-use futures_util::future::{ready, Either, Ready};
+use futures_util::future::{ready, BoxFuture, Either, Ready};
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 
-use crate::error::{render, Error};
+use crate::domain::TenantId;
+use crate::error::{render, ApiError, Error};
 use crate::estimate::Estimator;
 use crate::metrics::Metrics;
 use crate::queue::FairQueue;
 use crate::response::ResponseBody;
+
+/// What `POST /admin/reload` calls: the server's live configuration.
+pub trait Reload: Send + Sync {
+    /// Re-reads and applies the configuration: a JSON summary of what changed, or why not.
+    /// Blocking.
+    fn reload(&self) -> Result<serde_json::Value, crate::server::ReloadError>;
+}
 
 /// What the admin API reads; cloning shares it.
 #[derive(Clone)]
@@ -32,6 +42,8 @@ pub struct Layer {
     pub estimator: Arc<Estimator>,
     /// Served tokens per pool and tenant.
     pub metrics: Arc<Metrics>,
+    /// The reload hook (`None`, or gone: the server cannot reload, 409).
+    pub reload: Option<Weak<dyn Reload>>,
 }
 
 impl<S> tower::Layer<S> for Layer {
@@ -68,8 +80,15 @@ impl Layer {
     pub fn tenants(&self) -> serde_json::Value {
         let mut out = Vec::new();
         for (i, pool) in self.pools.iter().enumerate() {
-            let snap = pool.snapshot();
-            let total_weight: f64 = snap.iter().map(|(t, _)| t.weight.get()).sum();
+            // Tenants removed by a reload stay in the queues while they drain: listed until then.
+            let configured = |id: &TenantId| self.metrics.tenant(id).is_some();
+            let mut snap = pool.snapshot();
+            snap.retain(|(t, _)| configured(&t.id) || t.queued > 0 || t.in_flight > 0);
+            let total_weight: f64 = snap
+                .iter()
+                .filter(|(t, _)| configured(&t.id))
+                .map(|(t, _)| t.weight.get())
+                .sum();
             let served: Vec<u64> = snap
                 .iter()
                 .map(|(t, _)| self.metrics.served_total(i, &t.id))
@@ -79,6 +98,7 @@ impl Layer {
                 let stats = self.estimator.stats().tenant(&t.id).unwrap_or_default();
                 out.push(serde_json::json!({
                     "tenant": t.id.as_str(),
+                    "configured": configured(&t.id),
                     "pool": self.pool_names.get(i),
                     "weight": t.weight.get(),
                     "queued": t.queued,
@@ -100,13 +120,38 @@ impl Layer {
 
 type Res = Result<Response<ResponseBody>, Error>;
 
+fn json(value: &serde_json::Value) -> Response<ResponseBody> {
+    let body = serde_json::to_vec(value).unwrap_or_default();
+    let mut res = Response::new(ResponseBody::full(body));
+    res.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    res
+}
+
+/// Runs a reload off the async threads and renders its answer.
+async fn reload(hook: Option<Arc<dyn Reload>>) -> Res {
+    let Some(hook) = hook else {
+        let e = crate::server::ReloadError::NoFile;
+        return Ok(render(e.status(), &e.to_string(), e.kind(), e.code()));
+    };
+    Ok(
+        match tokio::task::spawn_blocking(move || hook.reload()).await {
+            Ok(Ok(summary)) => json(&summary),
+            Ok(Err(e)) => render(e.status(), &e.to_string(), e.kind(), e.code()),
+            Err(_) => return Err(Error::Internal("the reload task panicked")),
+        },
+    )
+}
+
 impl<S, B> tower::Service<Request<B>> for Service<S>
 where
     S: tower::Service<Request<B>, Response = Response<ResponseBody>, Error = Error>,
 {
     type Response = Response<ResponseBody>;
     type Error = Error;
-    type Future = Either<Ready<Res>, S::Future>;
+    type Future = Either<Either<Ready<Res>, BoxFuture<'static, Res>>, S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
         self.inner.poll_ready(cx)
@@ -132,16 +177,12 @@ where
                 "invalid_admin_token",
             ),
             Some(_) => match (req.method(), path) {
-                (&Method::GET, "/admin/tenants") => {
-                    let body = serde_json::to_vec(&a.tenants()).unwrap_or_default();
-                    let mut res = Response::new(ResponseBody::full(body));
-                    res.headers_mut().insert(
-                        header::CONTENT_TYPE,
-                        HeaderValue::from_static("application/json"),
-                    );
-                    res
+                (&Method::GET, "/admin/tenants") => json(&a.tenants()),
+                (&Method::POST, "/admin/reload") => {
+                    let hook = a.reload.as_ref().and_then(Weak::upgrade);
+                    return Either::Left(Either::Right(Box::pin(reload(hook))));
                 }
-                (_, "/admin/tenants") => render(
+                (_, "/admin/tenants" | "/admin/reload") => render(
                     StatusCode::METHOD_NOT_ALLOWED,
                     "method not allowed",
                     "invalid_request_error",
@@ -155,7 +196,7 @@ where
                 ),
             },
         };
-        Either::Left(ready(Ok(res)))
+        Either::Left(Either::Left(ready(Ok(res))))
     }
 }
 

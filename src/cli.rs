@@ -23,7 +23,8 @@ pub fn check(path: &Path) -> ExitCode {
     }
 }
 
-/// `fairgate serve`: loads the config, runs the server until SIGTERM/SIGINT.
+/// `fairgate serve`: loads the config, runs the server until SIGTERM/SIGINT; SIGHUP reloads
+/// the file.
 pub fn serve(path: &Path) -> ExitCode {
     let config = match Config::load(path) {
         Ok(c) => c,
@@ -33,7 +34,7 @@ pub fn serve(path: &Path) -> ExitCode {
         }
     };
     let _flush_on_exit = init_tracing(config.log.format);
-    block_on(crate::server::run(config))
+    block_on(crate::server::run(config, Some(path.to_owned())))
 }
 
 /// Installs the process's log subscriber: `FAIRGATE_LOG` filter (default `info`), text or JSON

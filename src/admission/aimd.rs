@@ -63,10 +63,16 @@ impl Aimd {
         self.max as u32
     }
 
-    /// Changes the ceiling (config reload), clamping the current limit.
+    /// Changes the ceiling (config reload): a limit at the old ceiling (nothing learned below
+    /// it) follows the new one; a learned lower limit stays, clamped to the new ceiling.
     pub fn set_max(&mut self, max: u32) {
+        let at_ceiling = self.limit >= self.max;
         self.max = f64::from(max.max(1));
-        self.limit = self.limit.min(self.max);
+        self.limit = if at_ceiling {
+            self.max
+        } else {
+            self.limit.min(self.max)
+        };
     }
 
     /// Whether dispatch is paused by an upstream `Retry-After` at `now`.

@@ -37,14 +37,14 @@ struct State {
     aimd: Aimd,
     timer: bool,
     applied: u32,
+    /// Slots only recovery requests may use (`[scheduler] reserved_slots`).
+    reserved: u32,
 }
 
 /// One pool's learned capacity; see the module docs.
 pub struct PoolCapacity {
     queue: Arc<FairQueue>,
     state: Mutex<State>,
-    configured: u32,
-    reserved: u32,
     epoch: tokio::time::Instant,
     /// 429 answers seen from the upstream.
     overloads: std::sync::atomic::AtomicU64,
@@ -83,7 +83,7 @@ impl std::fmt::Debug for PoolCapacity {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PoolCapacity")
             .field("limit", &self.limit())
-            .field("configured", &self.configured)
+            .field("configured", &self.configured())
             .finish()
     }
 }
@@ -97,9 +97,8 @@ impl PoolCapacity {
                 aimd: Aimd::new(max).with_cooldown(Duration::from_millis(250)),
                 timer: false,
                 applied: max,
+                reserved,
             }),
-            configured: max.max(1),
-            reserved,
             epoch: tokio::time::Instant::now(),
             overloads: std::sync::atomic::AtomicU64::new(0),
             wire: Mutex::new(Wire::default()),
@@ -134,6 +133,24 @@ impl PoolCapacity {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Applies a reloaded `max_concurrency` and `reserved_slots` in place: the learned limit is
+    /// kept (clamped to the new size, or following it if nothing was learned below the old one)
+    /// and the queue's capacity is set again at once. In-flight requests keep their slots.
+    pub fn reconfigure(self: &Arc<Self>, max: u32, reserved: u32) {
+        let mut st = self.lock();
+        st.aimd.set_max(max);
+        st.reserved = reserved;
+        // Forces `apply` to push the capacity and batch share to the queue.
+        st.applied = u32::MAX;
+        let now = self.now();
+        self.apply(&mut st, now);
+    }
+
+    /// The configured pool size (`max_concurrency`).
+    pub fn configured(&self) -> u32 {
+        self.lock().aimd.max()
     }
 
     /// The learned concurrency limit.
@@ -209,18 +226,18 @@ impl PoolCapacity {
                     });
                 }
             }
-            self.reserved
+            st.reserved
         } else {
             st.aimd
                 .limit()
-                .max(self.reserved + 1)
-                .min(self.configured.max(self.reserved + 1))
+                .max(st.reserved + 1)
+                .min(st.aimd.max().max(st.reserved + 1))
         };
         if cap != st.applied {
             st.applied = cap;
             self.queue.set_capacity(cap);
             self.queue
-                .set_batch_share(f64::from(st.aimd.limit()) / f64::from(self.configured));
+                .set_batch_share(f64::from(st.aimd.limit()) / f64::from(st.aimd.max()));
         }
     }
 }
@@ -408,5 +425,23 @@ mod tests {
             cap.observe(None, StatusCode::OK, &HeaderMap::new());
         }
         assert_eq!(cap.effective(), 16);
+    }
+
+    #[tokio::test]
+    async fn reconfigure_resizes_in_place_and_keeps_a_learned_limit() {
+        let cap = pool(16, 0);
+        cap.reconfigure(32, 1);
+        assert_eq!(
+            (cap.limit(), cap.effective()),
+            (32, 32),
+            "nothing learned: follows"
+        );
+        cap.observe(None, StatusCode::TOO_MANY_REQUESTS, &HeaderMap::new());
+        let learned = cap.limit();
+        assert!(learned < 32);
+        cap.reconfigure(64, 1);
+        assert_eq!(cap.limit(), learned, "a learned limit is kept");
+        cap.reconfigure(4, 1);
+        assert_eq!((cap.limit(), cap.effective(), cap.configured()), (4, 4, 4));
     }
 }

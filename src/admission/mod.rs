@@ -69,7 +69,16 @@ pub fn estimate(
     }
 }
 
-/// Everything admission shares, built once at startup.
+/// Every tenant's effective limits.
+fn limits_of(config: &Config) -> HashMap<TenantId, TenantLimits> {
+    config
+        .tenants
+        .iter()
+        .map(|t| (TenantId::new(t.id.as_str()), t.effective_limits(config)))
+        .collect()
+}
+
+/// Everything admission shares, built at startup and again at each config reload.
 pub struct Admission {
     /// Rate-limit accounting.
     pub store: Arc<dyn RateStore>,
@@ -96,11 +105,7 @@ impl std::fmt::Debug for Admission {
 impl Admission {
     /// Limits of every tenant, one capacity controller per pool, the in-memory store.
     pub fn new(config: &Config, pools: Arc<[Arc<FairQueue>]>) -> Arc<Self> {
-        let limits: HashMap<_, _> = config
-            .tenants
-            .iter()
-            .map(|t| (TenantId::new(t.id.as_str()), t.effective_limits(config)))
-            .collect();
+        let limits = limits_of(config);
         let store = Arc::new(MemoryStore::new(limits.iter().map(|(k, v)| (k.clone(), v))));
         let reserved = u32::try_from(config.scheduler.reserved_slots).unwrap_or(u32::MAX);
         let capacity = config
@@ -112,11 +117,40 @@ impl Admission {
                 PoolCapacity::new(q.clone(), max, reserved)
             })
             .collect();
+        Self::build(config, pools, capacity, store, Arc::default(), limits)
+    }
+
+    /// Admission for a reloaded `config` (see `server::reload`): limits, defaults and retry
+    /// policy from `config`; the retry counters kept; the rate store carried over
+    /// ([`RateStore::with_limits`]); `capacity` (indexed like `config.upstreams`, controllers
+    /// already reconfigured by the caller) and `pools` as given.
+    pub fn reloaded(
+        &self,
+        config: &Config,
+        pools: Arc<[Arc<FairQueue>]>,
+        capacity: Arc<[Arc<PoolCapacity>]>,
+    ) -> Arc<Self> {
+        let limits = limits_of(config);
+        let store = self
+            .store
+            .with_limits(&limits)
+            .unwrap_or_else(|| self.store.clone());
+        Self::build(config, pools, capacity, store, self.retries.clone(), limits)
+    }
+
+    fn build(
+        config: &Config,
+        pools: Arc<[Arc<FairQueue>]>,
+        capacity: Arc<[Arc<PoolCapacity>]>,
+        store: Arc<dyn RateStore>,
+        retries: Arc<RetryStats>,
+        limits: HashMap<TenantId, TenantLimits>,
+    ) -> Arc<Self> {
         let a = &config.admission;
         Arc::new(Self {
             store,
             capacity,
-            retries: Arc::default(),
+            retries,
             policy: RetryPolicy::from_config(a),
             limits,
             default_limits: TenantLimits {

@@ -15,7 +15,7 @@
 
 use std::collections::HashMap;
 use std::num::NonZeroU32;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use governor::clock::Clock;
@@ -110,6 +110,14 @@ pub trait RateStore: Send + Sync + 'static {
     fn charge(&self, tenant: &TenantId, tokens: Tokens) {
         self.adjust(tenant, -tokens.signed());
     }
+    /// The store for a reloaded configuration's `limits` (config reload): tenants whose rates
+    /// are unchanged keep their buckets and ledger, changed and new ones start full, removed
+    /// ones are dropped. `None`: this store does not take limits from the configuration; the
+    /// caller keeps using it as it is.
+    fn with_limits(&self, limits: &HashMap<TenantId, TenantLimits>) -> Option<Arc<dyn RateStore>> {
+        let _ = limits;
+        None
+    }
 }
 
 type Limiter = RateLimiter<NotKeyed, InMemoryState, TokioClock, StateInformationMiddleware>;
@@ -185,11 +193,33 @@ struct TenantBuckets {
     requests: Option<Bucket>,
     tokens: Option<Bucket>,
     ledger: Mutex<Ledger>,
+    /// The rates the buckets were built for: (requests/min, tokens/min, burst).
+    rates: (Option<u32>, Option<u32>, f64),
+}
+
+impl TenantBuckets {
+    fn new(l: &TenantLimits, clock: TokioClock) -> Option<Self> {
+        let b = TenantBuckets {
+            requests: l
+                .requests_per_minute
+                .and_then(|r| Bucket::new(r, l.burst, clock)),
+            tokens: l
+                .tokens_per_minute
+                .and_then(|t| Bucket::new(t, l.burst, clock)),
+            ledger: Mutex::new(Ledger::default()),
+            rates: rates(l),
+        };
+        (b.requests.is_some() || b.tokens.is_some()).then_some(b)
+    }
+}
+
+fn rates(l: &TenantLimits) -> (Option<u32>, Option<u32>, f64) {
+    (l.requests_per_minute, l.tokens_per_minute, l.burst)
 }
 
 /// The in-memory [`RateStore`]: one pair of governor buckets per limited tenant.
 pub struct MemoryStore {
-    tenants: HashMap<TenantId, TenantBuckets>,
+    tenants: HashMap<TenantId, Arc<TenantBuckets>>,
 }
 
 impl MemoryStore {
@@ -198,18 +228,7 @@ impl MemoryStore {
         let clock = TokioClock::default();
         let tenants = limits
             .into_iter()
-            .filter_map(|(id, l)| {
-                let b = TenantBuckets {
-                    requests: l
-                        .requests_per_minute
-                        .and_then(|r| Bucket::new(r, l.burst, clock)),
-                    tokens: l
-                        .tokens_per_minute
-                        .and_then(|t| Bucket::new(t, l.burst, clock)),
-                    ledger: Mutex::new(Ledger::default()),
-                };
-                (b.requests.is_some() || b.tokens.is_some()).then_some((id, b))
-            })
+            .filter_map(|(id, l)| Some((id, Arc::new(TenantBuckets::new(l, clock)?))))
             .collect();
         Self { tenants }
     }
@@ -291,6 +310,22 @@ impl RateStore for MemoryStore {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .adjust(delta, bound);
+    }
+
+    fn with_limits(&self, limits: &HashMap<TenantId, TenantLimits>) -> Option<Arc<dyn RateStore>> {
+        let clock = TokioClock::default();
+        let tenants = limits
+            .iter()
+            .filter_map(|(id, l)| {
+                let kept = self.tenants.get(id).filter(|t| t.rates == rates(l));
+                let b = match kept {
+                    Some(t) => t.clone(),
+                    None => Arc::new(TenantBuckets::new(l, clock)?),
+                };
+                Some((id.clone(), b))
+            })
+            .collect();
+        Some(Arc::new(MemoryStore { tenants }))
     }
 }
 
@@ -374,5 +409,37 @@ mod tests {
             unlimited.admit(&other, Tokens(1 << 40)),
             Ok(RateState::default())
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn reloaded_limits_keep_unchanged_buckets_and_rebuild_changed_ones() {
+        let (s, t) = store(Some(2), None);
+        let other = TenantId::new("u");
+        s.admit(&t, Tokens(1)).unwrap();
+        s.admit(&t, Tokens(1)).unwrap();
+        let same = TenantLimits {
+            requests_per_minute: Some(2),
+            burst: 1.0,
+            ..TenantLimits::default()
+        };
+        let limits = HashMap::from([(t.clone(), same.clone()), (other.clone(), same.clone())]);
+        let kept = s.with_limits(&limits).unwrap();
+        assert!(
+            kept.admit(&t, Tokens(1)).is_err(),
+            "same rates: same (empty) bucket"
+        );
+        assert!(kept.limited(&other) && kept.admit(&other, Tokens(1)).is_ok());
+        let raised = TenantLimits {
+            requests_per_minute: Some(10),
+            ..same
+        };
+        let changed = kept
+            .with_limits(&HashMap::from([(t.clone(), raised)]))
+            .unwrap();
+        assert!(
+            changed.admit(&t, Tokens(1)).is_ok(),
+            "new rates: a new, full bucket"
+        );
+        assert!(!changed.limited(&other), "removed");
     }
 }

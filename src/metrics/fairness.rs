@@ -1,7 +1,53 @@
-//! Fairness figures computed at scrape time from tokens served in the window since the previous
-//! scrape: served share ÷ entitled share per label, and Jain's index per pool.
+//! Fairness figures computed at scrape time from the tokens served over a rolling window (the
+//! last [`WINDOW_SECS`] seconds, kept per tenant and pool in a [`Window`] of per-second
+//! buckets): served share ÷ entitled share per label, and Jain's index per pool.
 //!
-//! Pure functions: no clock, no locks.
+//! Pure: no clock (the second is an argument), no locks. Invariant: a [`Window`] counts exactly
+//! the tokens added in its last `WINDOW_SECS` seconds (the current one included) and forgets
+//! older ones, whatever the gaps between calls; it never grows.
+
+/// Length of the rolling window, seconds.
+pub const WINDOW_SECS: usize = 30;
+
+/// Tokens added over the last [`WINDOW_SECS`] seconds: a ring of per-second buckets.
+#[derive(Clone, Debug, Default)]
+pub struct Window {
+    buckets: [u64; WINDOW_SECS],
+    /// The second of the newest bucket.
+    head: u64,
+}
+
+impl Window {
+    fn advance(&mut self, sec: u64) {
+        if sec <= self.head {
+            return;
+        }
+        if sec - self.head >= WINDOW_SECS as u64 {
+            self.buckets = [0; WINDOW_SECS];
+        } else {
+            for s in self.head + 1..=sec {
+                self.buckets[(s % WINDOW_SECS as u64) as usize] = 0;
+            }
+        }
+        self.head = sec;
+    }
+
+    /// Adds `tokens` served in second `sec` (a late add still inside the window counts in its
+    /// own second; one older than the window is dropped).
+    pub fn add(&mut self, sec: u64, tokens: u64) {
+        self.advance(sec);
+        if self.head - sec < WINDOW_SECS as u64 {
+            let b = &mut self.buckets[(sec % WINDOW_SECS as u64) as usize];
+            *b = b.saturating_add(tokens);
+        }
+    }
+
+    /// Tokens added in the window ending at second `sec`.
+    pub fn sum(&mut self, sec: u64) -> u64 {
+        self.advance(sec);
+        self.buckets.iter().sum()
+    }
+}
 
 /// One tenant's figures for one window.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -106,5 +152,27 @@ mod tests {
         let r = share_ratios(&v, 2);
         assert!((r[0].unwrap() - 1.0).abs() < 1e-9);
         assert!((r[1].unwrap() - 1.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn the_window_keeps_the_last_seconds_and_forgets_older_ones() {
+        let mut w = Window::default();
+        w.add(0, 5);
+        w.add(1, 10);
+        assert_eq!(w.sum(1), 15);
+        let last = WINDOW_SECS as u64 - 1;
+        assert_eq!(w.sum(last), 15, "second 0 is still inside");
+        assert_eq!(w.sum(last + 1), 10, "second 0 left the window");
+        w.add(last, 1);
+        w.add(0, 100);
+        assert_eq!(w.sum(last + 1), 11, "too late for the window: dropped");
+        w.add(last + 1, 2);
+        assert_eq!(w.sum(last + 1), 13);
+        assert_eq!(w.sum(last + 2), 3);
+        // A long gap clears everything at once.
+        assert_eq!(w.sum(10_000), 0);
+        w.add(10_000, 7);
+        w.add(9_999, 1);
+        assert_eq!(w.sum(10_000), 8);
     }
 }

@@ -2,11 +2,11 @@
 //!
 //! Each server owns its own registry (a [`PrometheusRecorder`] that is never installed
 //! globally), so many servers in one process (tests) never share series. Per-request series are
-//! registered once per tenant at startup ([`TenantMetrics`]) and recorded through handles:
-//! no label strings are built per request (a status code or a reason seen for the first time by
-//! a tenant registers its series once). Gauges (queue depth, in flight, oldest queued, share
-//! ratio, Jain's index, learned upstream limit) and the admission counters are computed at
-//! scrape time from the pools' and admission's state.
+//! registered once per tenant at startup and reload ([`TenantMetrics`]) and recorded through
+//! handles: no label strings are built per request (a status code or a reason seen for the
+//! first time by a tenant registers its series once). Gauges (queue depth, in flight, oldest queued, share
+//! ratio and Jain's index over the last 30 s of served tokens, learned upstream limit) and the
+//! admission counters are computed at scrape time from the pools' and admission's state.
 //!
 //! With `[metrics] per_tenant_labels = false` the `tenant` label carries the tenant's plan
 //! cohort instead of its id (tenants without a plan: `none`), bounding cardinality.
@@ -19,6 +19,8 @@ mod tenant;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+
+use tokio::time::Instant;
 
 use metrics::{Counter, Gauge, Key, Label, Metadata, Recorder, SharedString};
 use metrics_exporter_prometheus::{
@@ -43,19 +45,27 @@ const RATIO: [f64; 9] = [0.1, 0.25, 0.5, 0.75, 0.9, 1.1, 1.5, 2.0, 4.0];
 pub(crate) static META: Metadata<'static> =
     Metadata::new(module_path!(), metrics::Level::INFO, None);
 
-/// Per-pool scrape state: tokens dispatched per tenant, and what the previous scrape saw.
-struct PoolServed {
-    served: HashMap<TenantId, AtomicU64>,
-    last: Mutex<HashMap<TenantId, u64>>,
+/// One tenant's tokens dispatched in one pool: since start, and over the rolling window.
+#[derive(Default)]
+struct Served {
+    total: AtomicU64,
+    window: Mutex<fairness::Window>,
 }
 
 /// A server's metrics: registry, per-tenant handles, scrape-time computations.
+///
+/// One per configuration generation: a reload builds a new one ([`Metrics::reloaded`]) that
+/// shares the registry, the series of labels it keeps and the served counters of the
+/// (pool, tenant) pairs it keeps, so nothing restarts from zero and requests of the previous
+/// generation still count.
 pub struct Metrics {
     recorder: Arc<PrometheusRecorder>,
     handle: PrometheusHandle,
+    epoch: Instant,
+    per_tenant_labels: bool,
     tenants: HashMap<TenantId, (usize, Arc<TenantMetrics>)>,
     labels: Vec<SharedString>,
-    pools: Vec<(String, PoolServed)>,
+    pools: Vec<(String, HashMap<TenantId, Arc<Served>>)>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -82,11 +92,26 @@ impl Metrics {
         }
         let recorder = Arc::new(builder.build_recorder());
         let handle = recorder.handle();
+        let empty = Self {
+            recorder,
+            handle,
+            epoch: Instant::now(),
+            per_tenant_labels: config.metrics.per_tenant_labels,
+            tenants: HashMap::new(),
+            labels: Vec::new(),
+            pools: Vec::new(),
+        };
+        empty.reloaded(config)
+    }
+
+    /// The metrics of a reloaded `config`, sharing this registry (see the type's docs). The
+    /// label mode (`per_tenant_labels`) stays the one the server started with.
+    pub fn reloaded(&self, config: &Config) -> Arc<Self> {
         let mut labels: Vec<SharedString> = Vec::new();
         let mut by_label: HashMap<String, (usize, Arc<TenantMetrics>)> = HashMap::new();
         let mut tenants = HashMap::new();
         for t in &config.tenants {
-            let label = if config.metrics.per_tenant_labels {
+            let label = if self.per_tenant_labels {
                 t.id.clone()
             } else {
                 t.plan.clone().unwrap_or_else(|| "none".to_owned())
@@ -95,10 +120,13 @@ impl Metrics {
                 .entry(label.clone())
                 .or_insert_with(|| {
                     labels.push(label.clone().into());
-                    (
-                        labels.len() - 1,
-                        Arc::new(TenantMetrics::new(&recorder, &label)),
-                    )
+                    let series = self
+                        .tenants
+                        .values()
+                        .find(|(i, _)| self.labels[*i].as_ref() == label.as_str())
+                        .map(|(_, m)| m.clone())
+                        .unwrap_or_else(|| Arc::new(TenantMetrics::new(&self.recorder, &label)));
+                    (labels.len() - 1, series)
                 })
                 .clone();
             tenants.insert(TenantId::new(t.id.as_str()), entry);
@@ -107,24 +135,30 @@ impl Metrics {
             .upstreams
             .iter()
             .map(|u| {
+                let old = self.pools.iter().find(|(n, _)| *n == u.name).map(|p| &p.1);
                 let served = tenants
                     .keys()
-                    .map(|id| (id.clone(), AtomicU64::new(0)))
+                    .map(|id| {
+                        let kept = old.and_then(|o| o.get(id)).cloned();
+                        (id.clone(), kept.unwrap_or_default())
+                    })
                     .collect();
-                let pool = PoolServed {
-                    served,
-                    last: Mutex::default(),
-                };
-                (u.name.clone(), pool)
+                (u.name.clone(), served)
             })
             .collect();
         Arc::new(Self {
-            recorder,
-            handle,
+            recorder: self.recorder.clone(),
+            handle: self.handle.clone(),
+            epoch: self.epoch,
+            per_tenant_labels: self.per_tenant_labels,
             tenants,
             labels,
             pools,
         })
+    }
+
+    fn second(&self) -> u64 {
+        self.epoch.elapsed().as_secs()
     }
 
     /// The series of `tenant` (`None`: not configured).
@@ -134,8 +168,13 @@ impl Metrics {
 
     /// Counts tokens dispatched for `tenant` in pool `pool` (share ratio, Jain's index).
     pub fn served(&self, pool: usize, tenant: &TenantId, tokens: u64) {
-        if let Some(c) = self.pools.get(pool).and_then(|p| p.1.served.get(tenant)) {
-            c.fetch_add(tokens, Ordering::Relaxed);
+        if let Some(c) = self.pools.get(pool).and_then(|p| p.1.get(tenant)) {
+            c.total.fetch_add(tokens, Ordering::Relaxed);
+            let sec = self.second();
+            c.window
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .add(sec, tokens);
         }
     }
 
@@ -143,8 +182,8 @@ impl Metrics {
     pub fn served_total(&self, pool: usize, tenant: &TenantId) -> u64 {
         self.pools
             .get(pool)
-            .and_then(|p| p.1.served.get(tenant))
-            .map_or(0, |c| c.load(Ordering::Relaxed))
+            .and_then(|p| p.1.get(tenant))
+            .map_or(0, |c| c.total.load(Ordering::Relaxed))
     }
 
     fn gauge(&self, name: &'static str, key: &'static str, value: SharedString) -> Gauge {
@@ -164,11 +203,11 @@ impl Metrics {
         let (mut queued, mut inflight, mut oldest) =
             (vec![0usize; n], vec![0u32; n], vec![0f64; n]);
         let mut all = Vec::new();
+        let sec = self.second();
         for (i, pool) in pools.iter().enumerate() {
             let Some((name, served)) = self.pools.get(i) else {
                 continue;
             };
-            let mut last = served.last.lock().unwrap_or_else(|p| p.into_inner());
             let mut samples = Vec::new();
             for (t, age) in pool.snapshot() {
                 let Some(&(label, _)) = self.tenants.get(&t.id) else {
@@ -177,15 +216,13 @@ impl Metrics {
                 queued[label] += t.queued;
                 inflight[label] += t.in_flight;
                 oldest[label] = oldest[label].max(age.unwrap_or_default().as_secs_f64());
-                let now = served
-                    .served
-                    .get(&t.id)
-                    .map_or(0, |c| c.load(Ordering::Relaxed));
-                let before = last.insert(t.id.clone(), now).unwrap_or(0);
+                let in_window = served.get(&t.id).map_or(0, |c| {
+                    c.window.lock().unwrap_or_else(|p| p.into_inner()).sum(sec)
+                });
                 samples.push(fairness::Sample {
                     label,
                     weight: t.weight.get(),
-                    served: now.saturating_sub(before),
+                    served: in_window,
                     backlogged: t.queued > 0,
                 });
             }

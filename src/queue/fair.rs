@@ -201,6 +201,29 @@ impl FairQueue {
         drop(failed);
     }
 
+    /// Applies a reloaded configuration in place: the pool settings (quantum, queue caps,
+    /// reservation, classes; not the policy, not the effective capacity, see
+    /// [`Scheduler::reconfigure`]) and every listed tenant's spec (added if new). Tenants not
+    /// listed keep their spec: their queued and in-flight requests drain as usual (the proxy
+    /// refuses their keys before anything reaches the queue). Dispatches what the new settings
+    /// make room for.
+    pub fn reconfigure(
+        self: &Arc<Self>,
+        scheduler: scheduler::Config,
+        tenants: &[(TenantId, TenantSettings)],
+    ) {
+        let failed = {
+            let mut inner = self.lock();
+            inner.class_weights = scheduler.class_weights;
+            inner.sched.reconfigure(scheduler);
+            for (id, spec) in tenants {
+                inner.sched.upsert_tenant(id.clone(), spec.clone());
+            }
+            self.pump(&mut inner)
+        };
+        drop(failed);
+    }
+
     /// Scales the batch class's share by `fraction` (0–1] of its configured weight: batch is
     /// slowed first when the learned capacity is below the configured one.
     pub fn set_batch_share(&self, fraction: f64) {

@@ -22,6 +22,6 @@ pub use body::PermitBody;
 pub use fair::{CostInputs, FairQueue, QueueError, QueueSettings, TenantSettings, WaitInputs};
 pub use layer::{Layer, Service};
 pub use permit::{Permit, Surcharge};
-pub use pools::{pools, scheduler_config};
+pub use pools::{pool, pools, scheduler_config, tenant_settings};
 #[cfg(test)]
 mod tests;

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::fair::{FairQueue, QueueSettings, TenantSettings};
 use crate::config::{self, Config};
-use crate::domain::{Tokens, Weight};
+use crate::domain::{TenantId, Tokens, Weight};
 use crate::estimate::Estimator;
 use crate::scheduler;
 use crate::tenant::Directory;
@@ -27,13 +27,9 @@ pub fn scheduler_config(s: &config::SchedulerConfig, max_concurrency: usize) -> 
     }
 }
 
-/// One queue per upstream pool, each knowing every tenant, all pricing with `estimator`.
-pub fn pools(
-    config: &Config,
-    tenants: &Directory,
-    estimator: &Arc<Estimator>,
-) -> Arc<[Arc<FairQueue>]> {
-    let specs: Vec<_> = tenants
+/// Every tenant's queue settings.
+pub fn tenant_settings(tenants: &Directory) -> Vec<(TenantId, TenantSettings)> {
+    tenants
         .tenants()
         .map(|t| {
             let spec = TenantSettings {
@@ -45,16 +41,33 @@ pub fn pools(
             };
             (t.id.clone(), spec)
         })
-        .collect();
+        .collect()
+}
+
+/// One queue per upstream pool, each knowing every tenant, all pricing with `estimator`.
+pub fn pools(
+    config: &Config,
+    tenants: &Directory,
+    estimator: &Arc<Estimator>,
+) -> Arc<[Arc<FairQueue>]> {
+    let specs = tenant_settings(tenants);
     config
         .upstreams
         .iter()
-        .map(|u| {
-            let settings = QueueSettings {
-                scheduler: scheduler_config(&config.scheduler, u.max_concurrency),
-                estimator: estimator.clone(),
-            };
-            FairQueue::new(settings, &specs)
-        })
+        .map(|u| pool(config, u, &specs, estimator))
         .collect()
+}
+
+/// The queue of upstream `u`, knowing `tenants`.
+pub fn pool(
+    config: &Config,
+    u: &config::UpstreamConfig,
+    tenants: &[(TenantId, TenantSettings)],
+    estimator: &Arc<Estimator>,
+) -> Arc<FairQueue> {
+    let settings = QueueSettings {
+        scheduler: scheduler_config(&config.scheduler, u.max_concurrency),
+        estimator: estimator.clone(),
+    };
+    FairQueue::new(settings, tenants)
 }

@@ -23,6 +23,8 @@ mod lane;
 #[cfg(test)]
 mod proptests;
 #[cfg(test)]
+mod reload_tests;
+#[cfg(test)]
 mod tests;
 
 use std::collections::{HashMap, VecDeque};
@@ -249,13 +251,35 @@ impl<T> Scheduler<T> {
         self.cfg.capacity = capacity;
     }
 
-    /// Adds a tenant or updates its spec (weights and caps apply from the next visit).
+    /// Changes the pool settings in place (config reload). The policy and the effective
+    /// capacity stay as they are (the lanes are built for one policy; the capacity is owned by
+    /// the learned limit, see `set_capacity`); every tenant's quantum follows the new base
+    /// quantum from its next visit. Queued and in-flight requests are untouched.
+    pub fn reconfigure(&mut self, cfg: Config) {
+        let (policy, capacity) = (self.cfg.policy, self.cfg.capacity);
+        self.cfg = Config {
+            policy,
+            capacity,
+            ..cfg
+        };
+        for t in &mut self.tenants {
+            t.quantum = t.spec.weight.scale(self.cfg.quantum);
+        }
+    }
+
+    /// Adds a tenant or updates its spec (weights and caps apply from the next visit; a tenant
+    /// set aside at its old concurrency cap rejoins at once if the new cap lets it).
     pub fn upsert_tenant(&mut self, id: TenantId, spec: TenantSpec) -> TenantKey {
         let quantum = spec.weight.scale(self.cfg.quantum);
         if let Some(&k) = self.by_id.get(&id) {
             let t = &mut self.tenants[k.idx()];
             t.spec = spec;
             t.quantum = quantum;
+            if !t.at_cap() {
+                for lane in &mut self.lanes {
+                    lane.unblock(k, &self.tenants);
+                }
+            }
             return k;
         }
         let k = TenantKey(u32::try_from(self.tenants.len()).expect("fewer than 2^32 tenants"));

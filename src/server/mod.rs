@@ -1,26 +1,29 @@
 //! The server: assembles the tower stack ([`stack`], one function, top to bottom) and runs the
 //! listener (HTTP/1.1, h2 and h2c via hyper-util's auto builder, optional rustls TLS) with
-//! graceful shutdown.
+//! graceful shutdown and live config reload (`live`, `reload`, `diff`).
 //!
-//! Invariants: all per-request state is shared through `Arc`s built once at startup (nothing is
-//! cloned from the config per request); on shutdown the server stops accepting, `/readyz` turns
-//! 503, in-flight requests and streams get up to `shutdown_grace_ms` to finish, and whatever is
-//! left after that is aborted.
+//! Invariants: all per-request state is shared through `Arc`s built once per configuration
+//! generation, at startup and at each reload (nothing is cloned from the config per request);
+//! on shutdown the server stops accepting, `/readyz` turns 503, in-flight requests and streams
+//! get up to `shutdown_grace_ms` to finish, and whatever is left after that is aborted.
 
+pub mod diff;
+pub mod live;
 pub mod ops;
+mod reload;
 mod tls;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use http::{HeaderName, Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
-use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
@@ -36,6 +39,9 @@ use crate::route::Router;
 use crate::tenant::Directory;
 use crate::upstream::Upstream;
 use crate::{body, edge, estimate, health, queue, route, tenant, upstream};
+pub use diff::Changes;
+pub use live::Live;
+pub use reload::ReloadError;
 
 /// Everything the stack shares, built once from a validated [`Config`].
 #[derive(Debug, Clone)]
@@ -61,6 +67,8 @@ pub struct State {
     pub metrics: Arc<Metrics>,
     /// The admin API's bearer token (`[admin] token_env`); `None`: the admin API is off.
     pub admin_token: Option<Arc<str>>,
+    /// What `POST /admin/reload` calls (set by [`Live`]; `None`: reload is unavailable).
+    pub reloader: Option<Weak<dyn crate::admin::Reload>>,
 }
 
 impl State {
@@ -74,15 +82,7 @@ impl State {
             .enumerate()
             .map(|(i, u)| Upstream::from_config(u, i, env).map(Arc::new))
             .collect::<Result<Vec<_>, _>>()?;
-        let admin_token = match &config.admin.token_env {
-            None => None,
-            Some(var) => Some(Arc::from(env(var).ok_or_else(|| {
-                ConfigError::MissingEnv {
-                    key: "admin.token_env".to_owned(),
-                    var: var.clone(),
-                }
-            })?)),
-        };
+        let admin_token = Self::admin_token(&config, env)?;
         let estimator = Arc::new(Estimator::new(&config.estimate, &config.models));
         let pools = queue::pools(&config, &tenants, &estimator);
         let admission = Admission::new(&config, pools.clone());
@@ -97,7 +97,22 @@ impl State {
             tenants,
             upstreams,
             ready: Arc::new(AtomicBool::new(false)),
+            reloader: None,
         })
+    }
+
+    fn admin_token(
+        config: &Config,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Option<Arc<str>>, ConfigError> {
+        let Some(var) = &config.admin.token_env else {
+            return Ok(None);
+        };
+        let token = env(var).ok_or_else(|| ConfigError::MissingEnv {
+            key: "admin.token_env".to_owned(),
+            var: var.clone(),
+        })?;
+        Ok(Some(Arc::from(token)))
     }
 }
 
@@ -183,12 +198,14 @@ pub struct ServerHandle {
     pub addr: SocketAddr,
     /// The operations listener's address (`[admin] listen`), if any.
     pub admin_addr: Option<SocketAddr>,
-    /// The pools' fair queues (for introspection: loads, tests).
+    /// The pools' fair queues at startup (for introspection: loads, tests; after a reload see
+    /// [`ServerHandle::state`]).
     pub pools: Arc<[Arc<FairQueue>]>,
-    /// Admission state (learned capacity, retry counters; for introspection).
+    /// Admission state at startup (learned capacity, retry counters; for introspection).
     pub admission: Arc<Admission>,
     /// The estimator (learned history, estimate-error statistics).
     pub estimator: Arc<Estimator>,
+    live: Arc<Live>,
     stop: watch::Sender<bool>,
     join: JoinHandle<()>,
 }
@@ -199,14 +216,45 @@ impl ServerHandle {
         self.stop.send_replace(true);
     }
 
+    /// The state of the configuration generation in force.
+    pub fn state(&self) -> State {
+        self.live.current().state.clone()
+    }
+
+    /// Re-reads the config file and applies it: what SIGHUP does (see [`Live::reload`]).
+    /// Blocking.
+    pub fn reload(&self) -> Result<Changes, ReloadError> {
+        self.live.reload()
+    }
+
     /// Waits until the server has drained (or the grace period has passed).
     pub async fn join(self) -> Result<(), tokio::task::JoinError> {
         self.join.await
     }
 }
 
-/// Starts serving `config` on `listener` in the background.
+/// Starts serving `config` on `listener` in the background. Such a server has no file to
+/// reload from: `POST /admin/reload` answers 409 (see [`start_from_file`]).
 pub async fn start(config: Config, listener: TcpListener) -> Result<ServerHandle, StartError> {
+    start_with(config, None, listener).await
+}
+
+/// Starts serving the config file at `path` on `listener`; SIGHUP (under `serve`) and
+/// `POST /admin/reload` re-read that file.
+pub async fn start_from_file(
+    path: impl Into<PathBuf>,
+    listener: TcpListener,
+) -> Result<ServerHandle, StartError> {
+    let path = path.into();
+    let config = Config::load(&path)?;
+    start_with(config, Some(path), listener).await
+}
+
+async fn start_with(
+    config: Config,
+    path: Option<PathBuf>,
+    listener: TcpListener,
+) -> Result<ServerHandle, StartError> {
     let addr = listener.local_addr()?;
     let tls = match &config.server.tls {
         Some(t) => Some(tls::acceptor(t).map_err(StartError::Tls)?),
@@ -221,7 +269,8 @@ pub async fn start(config: Config, listener: TcpListener) -> Result<ServerHandle
     let admission = state.admission.clone();
     let estimator = state.estimator.clone();
     let grace = Duration::from_millis(state.config.server.shutdown_grace_ms);
-    let service = TowerToHyperService::new(stack::<hyper::body::Incoming>(&state));
+    let live = Live::new(state.clone(), path);
+    let service = live::LiveService::new(live.clone(), false);
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
@@ -231,7 +280,7 @@ pub async fn start(config: Config, listener: TcpListener) -> Result<ServerHandle
     let admin_addr = match admin_listener {
         Some(l) => {
             let addr = l.local_addr()?;
-            ops::spawn(&state, l, stop.subscribe());
+            ops::spawn(live.clone(), l, stop.subscribe());
             Some(addr)
         }
         None => None,
@@ -300,21 +349,50 @@ pub async fn start(config: Config, listener: TcpListener) -> Result<ServerHandle
         pools,
         admission,
         estimator,
+        live,
         stop,
         join,
     })
 }
 
-/// `fairgate serve`: binds `[server] listen`, serves until SIGTERM/SIGINT, then drains.
-pub async fn run(config: Config) -> Result<(), StartError> {
+/// `fairgate serve`: binds `[server] listen`, serves until SIGTERM/SIGINT, then drains. With
+/// `path` (the file `config` was loaded from), SIGHUP reloads it.
+pub async fn run(config: Config, path: Option<PathBuf>) -> Result<(), StartError> {
     let listener = TcpListener::bind(config.server.listen).await?;
-    let handle = start(config, listener).await?;
+    let reloadable = path.is_some();
+    let handle = start_with(config, path, listener).await?;
     tracing::info!(addr = %handle.addr, admin = ?handle.admin_addr, "fairgate listening");
+    if reloadable {
+        reload_on_sighup(handle.live.clone());
+    }
     shutdown_signal().await;
     tracing::info!("signal received");
     handle.shutdown();
     let _ = handle.join().await;
     Ok(())
+}
+
+/// Reloads the config file on every SIGHUP ([`Live::reload`] logs the outcome), one at a time.
+fn reload_on_sighup(live: Arc<Live>) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut hup = match signal(SignalKind::hangup()) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGHUP: reload via the admin API");
+                return;
+            }
+        };
+        tokio::spawn(async move {
+            while hup.recv().await.is_some() {
+                let live = live.clone();
+                let _ = tokio::task::spawn_blocking(move || live.reload()).await;
+            }
+        });
+    }
+    #[cfg(not(unix))]
+    drop(live);
 }
 
 async fn shutdown_signal() {

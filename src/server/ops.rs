@@ -10,11 +10,11 @@ use std::sync::Arc;
 use http::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
-use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tower::ServiceBuilder;
 
+use super::live::{Live, LiveService};
 use super::State;
 use crate::response::ResponseBody;
 use crate::{admin, edge, metrics};
@@ -41,6 +41,7 @@ pub(super) fn admin(state: &State) -> admin::Layer {
         pools: state.pools.clone(),
         estimator: state.estimator.clone(),
         metrics: state.metrics.clone(),
+        reload: state.reloader.clone(),
     }
 }
 
@@ -69,9 +70,10 @@ pub fn stack<B: Send + 'static>(
         }))
 }
 
-/// Serves the operations stack on `listener` until `stopped` turns true.
-pub(super) fn spawn(state: &State, listener: TcpListener, mut stopped: watch::Receiver<bool>) {
-    let service = TowerToHyperService::new(stack::<hyper::body::Incoming>(state));
+/// Serves the operations stack of the generation in force on `listener` until `stopped` turns
+/// true.
+pub(super) fn spawn(live: Arc<Live>, listener: TcpListener, mut stopped: watch::Receiver<bool>) {
+    let service = LiveService::new(live, true);
     let builder = Arc::new(auto::Builder::new(TokioExecutor::new()));
     tokio::spawn(async move {
         loop {

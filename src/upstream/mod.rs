@@ -162,6 +162,12 @@ impl Upstream {
         })
     }
 
+    /// Whether `other` sends the same provider key (a reload keeps this upstream, and its
+    /// pooled connections, only then).
+    pub fn same_key(&self, other: &Upstream) -> bool {
+        self.api_key == other.api_key
+    }
+
     /// `base_url + (path without /v1) + ?query`.
     pub fn target(&self, uri: &Uri) -> Result<Uri, Error> {
         let rest = uri.path().strip_prefix("/v1").ok_or(Error::BadPath)?;

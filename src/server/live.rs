@@ -1,0 +1,158 @@
+//! The configuration generation in force, and the services the listeners call through it.
+//!
+//! [`Live`] holds the current [`Generation`] (a [`State`] and the two stacks built from it)
+//! behind an `ArcSwap`. Each request loads the generation once and runs entirely through that
+//! generation's stack; a reload ([`Live::reload`], from `POST /admin/reload` or SIGHUP) builds
+//! the next generation from the one in force (`State::reloaded`) and publishes it with one
+//! atomic store.
+//!
+//! Invariants: a request never mixes two generations (routing indices, pools and metrics stay
+//! consistent); requests already in flight keep their generation alive until they finish; no
+//! lock is held across `.await` (reloads are serialised by a std mutex held only inside the
+//! synchronous `reload`); a rejected reload publishes nothing.
+
+use std::convert::Infallible;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, Weak};
+
+use arc_swap::ArcSwap;
+use http::{Request, Response};
+use hyper::body::Incoming;
+use tower::util::{BoxCloneSyncService, Oneshot};
+use tower::ServiceExt;
+
+use super::diff::Changes;
+use super::reload::ReloadError;
+use super::{ops, stack, State};
+use crate::config::Config;
+use crate::response::ResponseBody;
+
+type HttpStack = BoxCloneSyncService<Request<Incoming>, Response<ResponseBody>, Infallible>;
+
+/// One configuration generation: its state and the stacks built from it.
+pub struct Generation {
+    /// The shared state of this generation.
+    pub state: State,
+    main: HttpStack,
+    ops: HttpStack,
+}
+
+impl Generation {
+    fn new(state: State) -> Self {
+        Self {
+            main: BoxCloneSyncService::new(stack::<Incoming>(&state)),
+            ops: BoxCloneSyncService::new(ops::stack::<Incoming>(&state)),
+            state,
+        }
+    }
+}
+
+/// The generation in force and where to reload it from.
+pub struct Live {
+    current: ArcSwap<Generation>,
+    path: Option<PathBuf>,
+    reloading: Mutex<()>,
+}
+
+impl std::fmt::Debug for Live {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Live").field("path", &self.path).finish()
+    }
+}
+
+impl Live {
+    /// The first generation, from `state`; `path`: the config file reloads re-read.
+    pub fn new(mut state: State, path: Option<PathBuf>) -> Arc<Self> {
+        Arc::new_cyclic(|weak: &Weak<Live>| {
+            let hook: Weak<dyn crate::admin::Reload> = weak.clone();
+            state.reloader = Some(hook);
+            Live {
+                current: ArcSwap::from_pointee(Generation::new(state)),
+                path,
+                reloading: Mutex::new(()),
+            }
+        })
+    }
+
+    /// The generation in force.
+    pub fn current(&self) -> Arc<Generation> {
+        self.current.load_full()
+    }
+
+    /// Re-reads the config file and applies it (see `server::reload`); what SIGHUP and
+    /// `POST /admin/reload` call. Logs `config reloaded` (and a warning naming the keys that need
+    /// a restart), or `config reload rejected: <error>` at error level. Blocking (reads the
+    /// file): call it off the async threads.
+    pub fn reload(&self) -> Result<Changes, ReloadError> {
+        let result = self.try_reload();
+        match &result {
+            Ok(c) => {
+                tracing::info!(
+                    tenants_added = ?c.tenants_added,
+                    tenants_removed = ?c.tenants_removed,
+                    tenants_changed = ?c.tenants_changed,
+                    upstreams_added = ?c.upstreams_added,
+                    upstreams_removed = ?c.upstreams_removed,
+                    upstreams_changed = ?c.upstreams_changed,
+                    settings_changed = ?c.settings_changed,
+                    "config reloaded"
+                );
+                if !c.restart_required.is_empty() {
+                    tracing::warn!(
+                        keys = ?c.restart_required,
+                        "config reloaded, but these keys only change on restart; \
+                         their previous values stay in force"
+                    );
+                }
+            }
+            Err(e) => tracing::error!("config reload rejected: {e}"),
+        }
+        result
+    }
+
+    fn try_reload(&self) -> Result<Changes, ReloadError> {
+        let _serial = self.reloading.lock().unwrap_or_else(|p| p.into_inner());
+        let path = self.path.as_ref().ok_or(ReloadError::NoFile)?;
+        let config = Config::load(path)?;
+        let (state, changes) = self.current.load().state.reloaded(config)?;
+        self.current.store(Arc::new(Generation::new(state)));
+        Ok(changes)
+    }
+}
+
+impl crate::admin::Reload for Live {
+    fn reload(&self) -> Result<serde_json::Value, ReloadError> {
+        let changes = Live::reload(self)?;
+        Ok(serde_json::json!({ "reloaded": true, "changes": changes }))
+    }
+}
+
+/// The hyper service of a listener: each request goes through the generation in force.
+#[derive(Clone, Debug)]
+pub struct LiveService {
+    live: Arc<Live>,
+    ops: bool,
+}
+
+impl LiveService {
+    /// The main listener's service (`ops`: false) or the operations listener's (true).
+    pub fn new(live: Arc<Live>, ops: bool) -> Self {
+        Self { live, ops }
+    }
+}
+
+impl hyper::service::Service<Request<Incoming>> for LiveService {
+    type Response = Response<ResponseBody>;
+    type Error = Infallible;
+    type Future = Oneshot<HttpStack, Request<Incoming>>;
+
+    fn call(&self, req: Request<Incoming>) -> Self::Future {
+        let generation = self.live.current.load();
+        let stack = if self.ops {
+            generation.ops.clone()
+        } else {
+            generation.main.clone()
+        };
+        stack.oneshot(req)
+    }
+}
