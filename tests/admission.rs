@@ -349,3 +349,119 @@ async fn oversize_requests_are_refused_before_queueing() {
     // The other tenant has the defaults.
     assert_eq!(chat_as(&p, KEY_A, &long, &[]).await.status, 200);
 }
+
+fn remaining_tokens(r: &Collected) -> u64 {
+    header(r, "x-ratelimit-remaining-tokens")
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// Asserts the tenant's `x-ratelimit-*` trio for requests and tokens; returns the remaining
+/// request count.
+fn assert_rate_headers(r: &Collected, what: &str) -> u64 {
+    assert_eq!(
+        header(r, "x-ratelimit-limit-requests"),
+        Some("100000"),
+        "{what}: {:?}",
+        r.headers
+    );
+    assert_eq!(
+        header(r, "x-ratelimit-limit-tokens"),
+        Some("100000"),
+        "{what}"
+    );
+    for h in ["x-ratelimit-reset-requests", "x-ratelimit-reset-tokens"] {
+        assert!(header(r, h).is_some(), "{what}: {h}");
+    }
+    header(r, "x-ratelimit-remaining-requests")
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn every_response_of_a_limited_tenant_carries_its_rate_headers() {
+    let mock = mock().await;
+    let p = Arc::new(
+        proxy(&config(
+            &mock.base_url(),
+            "max_body_bytes = 4096\n[admission]\nmax_retries = 0",
+            "max_concurrency = 1",
+            // Buckets of 100 requests and 100000 tokens that refill one request (token) a
+            // minute: the counts below are exact.
+            "requests_per_minute = 1\ntokens_per_minute = 1\nburst = 100000.0\n\
+             max_output_tokens = 100\nmax_queued = 1",
+        ))
+        .await,
+    );
+    let ok = chat_as(&p, KEY_B, &chat("gpt-4o-mini"), &[]).await;
+    assert_eq!(ok.status, 200);
+    let left = assert_rate_headers(&ok, "success");
+    assert_eq!(left, 99_999);
+    // Refused before admission charged anything: the buckets as they are, unchanged.
+    let big = format!(r#"{{"model":"gpt-4o-mini","pad":"{}"}}"#, "x".repeat(5000));
+    let r = chat_as(&p, KEY_B, &big, &[]).await;
+    assert_eq!(r.status, 413);
+    assert_eq!(assert_rate_headers(&r, "413 body"), left);
+    let r = chat_as(&p, KEY_B, &chat_max(500), &[]).await;
+    r.assert_error(400, "max_tokens_too_large");
+    assert_eq!(assert_rate_headers(&r, "400 size cap"), left);
+    let deadline = |ms| [("x-fairgate-deadline-ms", ms)];
+    let r = chat_as(&p, KEY_B, &chat("gpt-4o-mini"), &deadline("soon")).await;
+    r.assert_error(400, "invalid_deadline");
+    assert_eq!(assert_rate_headers(&r, "400 deadline"), left);
+    // Upstream errors, passed through: the provider's own x-ratelimit-* (its shared key's
+    // budget) is replaced by the tenant's.
+    let r = chat_as(&p, KEY_B, &chat("gpt-4o-mini"), &[("x-mock-status", "500")]).await;
+    assert_eq!(r.status, 500);
+    assert_eq!(assert_rate_headers(&r, "upstream 500"), 99_998);
+    let r = chat_as(&p, KEY_B, &chat("gpt-4o-mini"), &[("x-mock-status", "429")]).await;
+    assert_eq!(r.status, 429);
+    assert_eq!(header(&r, "x-fairgate-limit"), Some("upstream"));
+    assert_eq!(assert_rate_headers(&r, "upstream 429"), 99_997);
+    // Queue refusals: a's request holds the only slot.
+    let blocker = {
+        let p = p.clone();
+        tokio::spawn(async move {
+            chat_as(
+                &p,
+                KEY_A,
+                &chat("gpt-4o-mini"),
+                &[("x-mock-delay-ms", "3000")],
+            )
+            .await
+            .status
+        })
+    };
+    assert!(eventually(|| p.pools[0].load() == (0, 1)).await);
+    let r = chat_as(&p, KEY_B, &chat("gpt-4o-mini"), &deadline("1500")).await;
+    r.assert_error(504, "deadline_exceeded");
+    assert_eq!(assert_rate_headers(&r, "504 in queue"), 99_996);
+    let after_504 = remaining_tokens(&r);
+    let queued = {
+        let p = p.clone();
+        tokio::spawn(async move { chat_as(&p, KEY_B, &chat("gpt-4o-mini"), &[]).await })
+    };
+    assert!(eventually(|| p.pools[0].load() == (1, 1)).await);
+    let r = chat_as(&p, KEY_B, &chat("gpt-4o-mini"), &[]).await;
+    r.assert_error(429, "rate_limit_exceeded");
+    assert_eq!(header(&r, "x-fairgate-limit"), Some("queue"));
+    assert_eq!(assert_rate_headers(&r, "429 queue full"), 99_994);
+    let queue_full = remaining_tokens(&r);
+    assert!(queue_full < after_504);
+    let r = chat_as(&p, KEY_B, &chat("gpt-4o-mini"), &deadline("100")).await;
+    r.assert_error(429, "deadline_infeasible");
+    assert_eq!(assert_rate_headers(&r, "429 deadline infeasible"), 99_994);
+    // Requests that never went upstream got their estimate back: the 504's, then the
+    // queue-full one's (the same body as the queued one, which still holds its tokens).
+    assert_eq!(remaining_tokens(&r), after_504);
+    assert_eq!(blocker.await.unwrap(), 200);
+    let r = queued.await.unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(assert_rate_headers(&r, "queued success"), 99_995);
+    // The unlimited tenant's refusals carry none.
+    let r = chat_as(&p, KEY_A, &big, &[]).await;
+    assert_eq!(r.status, 413);
+    assert!(header(&r, "x-ratelimit-limit-requests").is_none());
+}

@@ -1,4 +1,5 @@
-//! Admission errors and the `x-ratelimit-*` headers of limited tenants.
+//! Admission errors, and the `x-ratelimit-*` headers of limited tenants (added to every response
+//! of such a tenant by [`super::headers`]).
 
 use std::time::Duration;
 
@@ -19,16 +20,12 @@ pub enum Error {
     RequestRate {
         /// When a request fits again.
         retry_after: Duration,
-        /// The tenant's buckets.
-        state: RateState,
     },
     /// The tenant's token bucket cannot cover the request's estimate.
     #[error("rate limit reached for tokens per minute; retry after {}s", secs(*retry_after))]
     TokenRate {
         /// When the estimate fits again.
         retry_after: Duration,
-        /// The tenant's buckets.
-        state: RateState,
     },
     /// One request's estimate exceeds the whole token bucket.
     #[error("request is estimated at {} tokens, more than this tenant's token budget of {burst}", cost.0)]
@@ -112,26 +109,22 @@ impl ApiError for Error {
         }
     }
     fn headers(&self) -> Vec<(HeaderName, HeaderValue)> {
-        let (wait, limit, state) = match self {
-            Error::RequestRate { retry_after, state } | Error::TokenRate { retry_after, state } => {
-                (*retry_after, "tenant", Some(*state))
+        let (wait, limit) = match self {
+            Error::RequestRate { retry_after } | Error::TokenRate { retry_after } => {
+                (*retry_after, "tenant")
             }
             Error::DeadlineInfeasible {
                 predicted, limit, ..
-            } => (*predicted, *limit, None),
+            } => (*predicted, *limit),
             _ => return Vec::new(),
         };
-        let mut h = vec![
+        vec![
             (header::RETRY_AFTER, HeaderValue::from(secs(wait))),
             (
                 HeaderName::from_static(LIMIT_HEADER),
                 HeaderValue::from_static(limit),
             ),
-        ];
-        if let Some(state) = state {
-            h.extend(rate_headers(&state));
-        }
-        h
+        ]
     }
 }
 

@@ -6,9 +6,13 @@
 //! 3. rate limits: charge the estimate to the tenant's buckets (through its ledger) → 429.
 //!
 //! Admitted requests carry [`Deadline`], [`Estimate`] and [`ActualTokens`] in their extensions;
-//! every response of a rate-limited tenant (success or error) carries the `x-ratelimit-*` headers
-//! of its buckets; a reconcile guard on the response body settles the ledger with the actual
-//! token count once the usage stage has recorded it in [`ActualTokens`].
+//! the bucket state a request was charged or refused with goes into its [`RateSlot`], from which
+//! the `headers` stage writes the `x-ratelimit-*` headers. A reconcile guard on the response
+//! body settles the ledger with the actual token count once the usage stage has recorded it in
+//! [`ActualTokens`]; a request refused below before it was sent upstream (queue full, deadline
+//! passed in the queue) gets its whole estimate back as credit.
+//!
+//! Errors of the stages below pass through typed (they are rendered once, above).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -19,7 +23,7 @@ use futures_util::future::BoxFuture;
 use http::{Request, Response};
 
 use super::deadline::Deadline;
-use super::error::rate_headers;
+use super::headers::RateSlot;
 use super::rate::{RateStore, Refusal};
 use super::{estimate, Admission, Error as AdmissionError};
 use crate::body::Parsed;
@@ -148,14 +152,18 @@ where
             }
             // 3. Rate limits.
             let limited = adm.store.limited(&tenant);
-            let state = if limited {
+            if limited {
+                let slot = ext.get::<RateSlot>().cloned().unwrap_or_default();
                 match adm.store.admit(&tenant, est.total) {
-                    Ok(state) => Some(state),
-                    Err(refusal) => return Err(refused(refusal).into()),
+                    Ok(state) => slot.set(state),
+                    Err(refusal) => {
+                        if let Some(state) = refusal.state() {
+                            slot.set(state);
+                        }
+                        return Err(refused(refusal).into());
+                    }
                 }
-            } else {
-                None
-            };
+            }
             let actual = ActualTokens::default();
             let ext = req.extensions_mut();
             ext.insert(est);
@@ -164,28 +172,42 @@ where
                 ext.insert(d);
             }
             let res = inner.call(req).await;
-            let Some(state) = state else {
+            if !limited {
                 return res;
-            };
-            let mut res = res.unwrap_or_else(Error::into_response);
-            res.headers_mut().extend(rate_headers(&state));
-            res.body_mut().attach(Box::new(Reconcile {
-                store: adm.store.clone(),
-                tenant,
-                estimated: est.total,
-                actual,
-            }));
-            Ok(res)
+            }
+            match res {
+                Ok(mut res) => {
+                    res.body_mut().attach(Box::new(Reconcile {
+                        store: adm.store.clone(),
+                        tenant,
+                        estimated: est.total,
+                        actual,
+                    }));
+                    Ok(res)
+                }
+                Err(e) => {
+                    if never_sent(&e) {
+                        adm.store.reconcile(&tenant, est.total, Tokens(0));
+                    }
+                    Err(e)
+                }
+            }
         })
     }
 }
 
+/// Whether an error of the stages below means the request never reached the upstream.
+fn never_sent(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::Queue(_) | Error::Admission(AdmissionError::DeadlineExceeded { .. })
+    )
+}
+
 fn refused(r: Refusal) -> AdmissionError {
     match r {
-        Refusal::Requests { retry_after, state } => {
-            AdmissionError::RequestRate { retry_after, state }
-        }
-        Refusal::Tokens { retry_after, state } => AdmissionError::TokenRate { retry_after, state },
+        Refusal::Requests { retry_after, .. } => AdmissionError::RequestRate { retry_after },
+        Refusal::Tokens { retry_after, .. } => AdmissionError::TokenRate { retry_after },
         Refusal::TooLarge { cost, burst } => AdmissionError::TokenBurst { cost, burst },
     }
 }

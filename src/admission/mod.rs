@@ -11,6 +11,9 @@
 //! over-estimates and charges under-estimates) is behind [`rate::RateStore`]; see `rate` and
 //! `ledger` for how a bucket that cannot refund is still charged exactly.
 //!
+//! Every response of a tenant with rate limits carries its `x-ratelimit-*` headers, added in one
+//! place: the [`headers`] stage just below `tenant`.
+//!
 //! `x-fairgate-limit` on a refusal says whose limit it was: `tenant` (its buckets), `queue`
 //! (the pool's backlog vs the deadline) or `upstream` (the provider's answer or pause).
 
@@ -18,6 +21,7 @@ pub mod aimd;
 pub mod capacity;
 pub mod deadline;
 mod error;
+pub mod headers;
 mod layer;
 pub mod ledger;
 pub mod rate;

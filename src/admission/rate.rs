@@ -94,10 +94,23 @@ pub enum Refusal {
     },
 }
 
+impl Refusal {
+    /// The tenant's buckets at the refusal (`None`: nothing was checked).
+    pub fn state(&self) -> Option<RateState> {
+        match self {
+            Refusal::Requests { state, .. } | Refusal::Tokens { state, .. } => Some(*state),
+            Refusal::TooLarge { .. } => None,
+        }
+    }
+}
+
 /// Rate-limit accounting of all tenants; see the module docs.
 pub trait RateStore: Send + Sync + 'static {
     /// Whether `tenant` has any rate limit (only those get `x-ratelimit-*` headers).
     fn limited(&self, tenant: &TenantId) -> bool;
+    /// The tenant's buckets now, without charging anything (the `x-ratelimit-*` headers of a
+    /// response admission did not charge, e.g. one refused before admission).
+    fn state(&self, tenant: &TenantId) -> RateState;
     /// Admits one request estimated at `cost` (charging both buckets), or says why not.
     fn admit(&self, tenant: &TenantId, cost: Tokens) -> Result<RateState, Refusal>;
     /// Moves `delta` tokens into the tenant's ledger (credit > 0, debt < 0).
@@ -152,6 +165,13 @@ impl Bucket {
                 .replenish_interval()
                 .saturating_mul(u32::try_from(missing).unwrap_or(u32::MAX)),
         }
+    }
+
+    /// The state of a token bucket whose tenant's ledger holds `balance`: credit is tokens the
+    /// tenant may still spend, debt is tokens it must still pay.
+    fn state_with(&self, cells: u64, balance: i64) -> BucketState {
+        let remaining = i128::from(cells) + i128::from(balance);
+        self.state(remaining.clamp(0, i128::from(self.size())) as u64)
     }
 
     /// Takes `n` cells: `Ok(remaining)`, `Err(Some(wait))`, or `Err(None)` if `n` > size.
@@ -226,6 +246,17 @@ impl RateStore for MemoryStore {
         self.tenants.contains_key(tenant)
     }
 
+    fn state(&self, tenant: &TenantId) -> RateState {
+        let Some(t) = self.tenants.get(tenant) else {
+            return RateState::default();
+        };
+        let balance = t.ledger.lock().unwrap_or_else(|p| p.into_inner()).balance();
+        RateState {
+            requests: t.requests.as_ref().map(|b| b.state(b.peek())),
+            tokens: t.tokens.as_ref().map(|b| b.state_with(b.peek(), balance)),
+        }
+    }
+
     fn admit(&self, tenant: &TenantId, cost: Tokens) -> Result<RateState, Refusal> {
         let Some(t) = self.tenants.get(tenant) else {
             return Ok(RateState::default());
@@ -253,7 +284,7 @@ impl RateStore for MemoryStore {
             match b.take(need) {
                 Ok(remaining) => {
                     ledger.settle(cost, need);
-                    state.tokens = Some(b.state(remaining));
+                    state.tokens = Some(b.state_with(remaining, ledger.balance()));
                 }
                 Err(wait) => {
                     let retry_after = wait.unwrap_or_else(|| b.quota.burst_size_replenished_in());
