@@ -465,3 +465,69 @@ async fn every_response_of_a_limited_tenant_carries_its_rate_headers() {
     assert_eq!(r.status, 413);
     assert!(header(&r, "x-ratelimit-limit-requests").is_none());
 }
+
+fn num(r: &Collected, name: &str) -> u64 {
+    header(r, name)
+        .unwrap_or_else(|| panic!("{name} missing: {:?}", r.headers))
+        .parse()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn input_and_output_token_budgets_refuse_separately_and_are_reconciled() {
+    let mock = mock().await;
+    // Buckets of 1000 input and 1000 output tokens refilling one token a minute: exact counts.
+    let p = proxy(&config(
+        &mock.base_url(),
+        "",
+        "",
+        "input_tokens_per_minute = 1\noutput_tokens_per_minute = 1\nburst = 1000.0",
+    ))
+    .await;
+    let out = |n: &'static str| [("x-mock-output-tokens", n)];
+    let r = chat_as(&p, KEY_B, &chat_max(600), &out("600")).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(num(&r, "x-ratelimit-limit-output-tokens"), 1000);
+    assert_eq!(num(&r, "x-ratelimit-remaining-output-tokens"), 400);
+    assert_eq!(num(&r, "x-ratelimit-limit-input-tokens"), 1000);
+    assert!(
+        header(&r, "x-ratelimit-limit-tokens").is_none(),
+        "not configured"
+    );
+    // Over the output budget: refused by the tenant's limit, with the honest refill time of the
+    // 200 missing tokens (one a minute), not a constant.
+    let r = chat_as(&p, KEY_B, &chat_max(600), &[]).await;
+    r.assert_error(429, "rate_limit_exceeded");
+    assert_eq!(header(&r, "x-fairgate-limit"), Some("tenant"));
+    let msg = r.json()["error"]["message"].as_str().unwrap().to_owned();
+    assert!(msg.contains("output tokens per minute"), "{msg}");
+    let retry_after = num(&r, "retry-after");
+    assert!((11_900..=12_000).contains(&retry_after), "{retry_after}");
+    assert_eq!(num(&r, "x-ratelimit-remaining-output-tokens"), 400);
+    // ...while a request that fits the output budget passes: input is fine.
+    let r = chat_as(&p, KEY_B, &chat_max(10), &out("10")).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(num(&r, "x-ratelimit-remaining-output-tokens"), 390);
+    // Reconcile: estimated 300 output tokens, used 10 → 290 come back once the body is done.
+    let r = chat_as(&p, KEY_B, &chat_max(300), &out("10")).await;
+    assert_eq!(num(&r, "x-ratelimit-remaining-output-tokens"), 90);
+    let r = chat_as(&p, KEY_B, &chat_max(1), &out("1")).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(num(&r, "x-ratelimit-remaining-output-tokens"), 90 + 290 - 1);
+    // Over the input budget while output is fine: a ~700-token prompt fits once, not twice.
+    let long = format!(
+        r#"{{"model":"gpt-4o-mini","max_tokens":1,"messages":[{{"role":"user","content":"{}"}}]}}"#,
+        "hello ".repeat(700)
+    );
+    let r = chat_as(&p, KEY_B, &long, &out("1")).await;
+    assert_eq!(r.status, 200);
+    let r = chat_as(&p, KEY_B, &long, &out("1")).await;
+    r.assert_error(429, "rate_limit_exceeded");
+    let msg = r.json()["error"]["message"].as_str().unwrap().to_owned();
+    assert!(msg.contains("input tokens per minute"), "{msg}");
+    assert!(num(&r, "x-ratelimit-remaining-output-tokens") >= 300);
+    assert!(num(&r, "x-ratelimit-remaining-input-tokens") < 700);
+    assert_eq!(mock.stats.requests(), 5);
+    // The unlimited tenant is unaffected.
+    assert_eq!(chat_as(&p, KEY_A, &long, &[]).await.status, 200);
+}

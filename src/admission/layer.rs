@@ -14,8 +14,7 @@
 //!
 //! Errors of the stages below pass through typed (they are rendered once, above).
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -24,7 +23,7 @@ use http::{Request, Response};
 
 use super::deadline::Deadline;
 use super::headers::RateSlot;
-use super::rate::{RateStore, Refusal};
+use super::rate::{Charge, RateStore, Refusal};
 use super::{estimate, Admission, Error as AdmissionError};
 use crate::body::Parsed;
 use crate::domain::{TenantId, Tokens};
@@ -33,26 +32,25 @@ use crate::response::ResponseBody;
 use crate::route::Route;
 use crate::tenant::Identity;
 
-/// The actual token count of a request, recorded by the usage stage (`u64::MAX`: unknown).
-#[derive(Clone, Debug)]
-pub struct ActualTokens(Arc<AtomicU64>);
-
-impl Default for ActualTokens {
-    fn default() -> Self {
-        Self(Arc::new(AtomicU64::new(u64::MAX)))
-    }
-}
+/// The actual token counts of a request, recorded once by the usage stage.
+#[derive(Clone, Debug, Default)]
+pub struct ActualTokens(Arc<OnceLock<Charge>>);
 
 impl ActualTokens {
-    /// Records the actual cost (call once the upstream reported usage).
-    pub fn set(&self, tokens: Tokens) {
-        self.0.store(tokens.0.min(u64::MAX - 1), Ordering::Release);
+    /// Records the actual input and output tokens (once the upstream reported usage; the first
+    /// record wins).
+    pub fn set(&self, input: u64, output: u64) {
+        let _ = self.0.set(Charge { input, output });
     }
 
-    /// The recorded cost, if any.
+    /// The recorded input + output tokens, if any.
     pub fn get(&self) -> Option<Tokens> {
-        let v = self.0.load(Ordering::Acquire);
-        (v != u64::MAX).then_some(Tokens(v))
+        self.parts().map(Charge::total)
+    }
+
+    /// The recorded counts by direction, if any.
+    pub fn parts(&self) -> Option<Charge> {
+        self.0.get().copied()
     }
 }
 
@@ -60,13 +58,13 @@ impl ActualTokens {
 struct Reconcile {
     store: Arc<dyn RateStore>,
     tenant: TenantId,
-    estimated: Tokens,
+    estimated: Charge,
     actual: ActualTokens,
 }
 
 impl Drop for Reconcile {
     fn drop(&mut self) {
-        if let Some(actual) = self.actual.get() {
+        if let Some(actual) = self.actual.parts() {
             self.store.reconcile(&self.tenant, self.estimated, actual);
         }
     }
@@ -154,7 +152,7 @@ where
             let limited = adm.store.limited(&tenant);
             if limited {
                 let slot = ext.get::<RateSlot>().cloned().unwrap_or_default();
-                match adm.store.admit(&tenant, est.total) {
+                match adm.store.admit(&tenant, est.charge()) {
                     Ok(state) => slot.set(state),
                     Err(refusal) => {
                         if let Some(state) = refusal.state() {
@@ -180,14 +178,15 @@ where
                     res.body_mut().attach(Box::new(Reconcile {
                         store: adm.store.clone(),
                         tenant,
-                        estimated: est.total,
+                        estimated: est.charge(),
                         actual,
                     }));
                     Ok(res)
                 }
                 Err(e) => {
                     if never_sent(&e) {
-                        adm.store.reconcile(&tenant, est.total, Tokens(0));
+                        adm.store
+                            .reconcile(&tenant, est.charge(), Charge::default());
                     }
                     Err(e)
                 }
@@ -207,7 +206,22 @@ fn never_sent(e: &Error) -> bool {
 fn refused(r: Refusal) -> AdmissionError {
     match r {
         Refusal::Requests { retry_after, .. } => AdmissionError::RequestRate { retry_after },
-        Refusal::Tokens { retry_after, .. } => AdmissionError::TokenRate { retry_after },
-        Refusal::TooLarge { cost, burst } => AdmissionError::TokenBurst { cost, burst },
+        Refusal::Tokens {
+            budget,
+            retry_after,
+            ..
+        } => AdmissionError::TokenRate {
+            budget,
+            retry_after,
+        },
+        Refusal::TooLarge {
+            budget,
+            cost,
+            burst,
+        } => AdmissionError::TokenBurst {
+            budget,
+            cost,
+            burst,
+        },
     }
 }

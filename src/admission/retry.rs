@@ -192,7 +192,7 @@ where
                 attempt += 1;
                 shared.stats.retries.fetch_add(1, Ordering::Relaxed);
                 if let (Some(t), Some(e)) = (&tenant, estimate) {
-                    shared.store.charge(t, e.total);
+                    shared.store.charge(t, e.charge());
                 }
                 // And to its fair-queue credit: the attempt is the tenant's load, not everyone's.
                 if let Some(s) = &surcharge {
