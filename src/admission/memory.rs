@@ -152,7 +152,7 @@ impl RateStore for MemoryStore {
             if let Err(wait) = charge(bucket, &mut ledgers[i], cost.of(budget)) {
                 give_back(&mut ledgers, n);
                 let retry_after = wait.max(t.wait_all(&ledgers, cost, Some(budget)));
-                let state = t.state(&ledgers);
+                let state = Box::new(t.state(&ledgers));
                 return Err(Refusal::Tokens {
                     budget,
                     retry_after,
@@ -164,7 +164,7 @@ impl RateStore for MemoryStore {
             if let Err(wait) = b.take(1) {
                 give_back(&mut ledgers, Budget::ALL.len());
                 let retry_after = wait.max(t.wait_all(&ledgers, cost, None));
-                let state = t.state(&ledgers);
+                let state = Box::new(t.state(&ledgers));
                 return Err(Refusal::Requests { retry_after, state });
             }
         }

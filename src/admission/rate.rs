@@ -117,14 +117,14 @@ impl RateState {
 }
 
 /// Why a tenant's request was not admitted.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Refusal {
     /// The request bucket is empty until `retry_after`.
     Requests {
         /// When every bucket can admit the request.
         retry_after: Duration,
         /// All buckets now.
-        state: RateState,
+        state: Box<RateState>,
     },
     /// A token bucket cannot cover its part of the estimate until `retry_after`.
     Tokens {
@@ -133,7 +133,7 @@ pub enum Refusal {
         /// When every bucket can admit the request.
         retry_after: Duration,
         /// All buckets now.
-        state: RateState,
+        state: Box<RateState>,
     },
     /// A part of the estimate is larger than its whole bucket: it can never be admitted.
     TooLarge {
@@ -150,7 +150,7 @@ impl Refusal {
     /// The tenant's buckets at the refusal (`None`: nothing was checked).
     pub fn state(&self) -> Option<RateState> {
         match self {
-            Refusal::Requests { state, .. } | Refusal::Tokens { state, .. } => Some(*state),
+            Refusal::Requests { state, .. } | Refusal::Tokens { state, .. } => Some(**state),
             Refusal::TooLarge { .. } => None,
         }
     }
