@@ -349,3 +349,357 @@ async fn oversize_requests_are_refused_before_queueing() {
     // The other tenant has the defaults.
     assert_eq!(chat_as(&p, KEY_A, &long, &[]).await.status, 200);
 }
+
+fn remaining_tokens(r: &Collected) -> u64 {
+    header(r, "x-ratelimit-remaining-tokens")
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// Asserts the tenant's `x-ratelimit-*` trio for requests and tokens; returns the remaining
+/// request count.
+fn assert_rate_headers(r: &Collected, what: &str) -> u64 {
+    assert_eq!(
+        header(r, "x-ratelimit-limit-requests"),
+        Some("100000"),
+        "{what}: {:?}",
+        r.headers
+    );
+    assert_eq!(
+        header(r, "x-ratelimit-limit-tokens"),
+        Some("100000"),
+        "{what}"
+    );
+    for h in ["x-ratelimit-reset-requests", "x-ratelimit-reset-tokens"] {
+        assert!(header(r, h).is_some(), "{what}: {h}");
+    }
+    header(r, "x-ratelimit-remaining-requests")
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn every_response_of_a_limited_tenant_carries_its_rate_headers() {
+    let mock = mock().await;
+    let p = Arc::new(
+        proxy(&config(
+            &mock.base_url(),
+            "max_body_bytes = 4096\n[admission]\nmax_retries = 0",
+            "max_concurrency = 1",
+            // Buckets of 100 requests and 100000 tokens that refill one request (token) a
+            // minute: the counts below are exact.
+            "requests_per_minute = 1\ntokens_per_minute = 1\nburst = 100000.0\n\
+             max_output_tokens = 100\nmax_queued = 1",
+        ))
+        .await,
+    );
+    let ok = chat_as(&p, KEY_B, &chat("gpt-4o-mini"), &[]).await;
+    assert_eq!(ok.status, 200);
+    let left = assert_rate_headers(&ok, "success");
+    assert_eq!(left, 99_999);
+    // Refused before admission charged anything: the buckets as they are, unchanged.
+    let big = format!(r#"{{"model":"gpt-4o-mini","pad":"{}"}}"#, "x".repeat(5000));
+    let r = chat_as(&p, KEY_B, &big, &[]).await;
+    assert_eq!(r.status, 413);
+    assert_eq!(assert_rate_headers(&r, "413 body"), left);
+    let r = chat_as(&p, KEY_B, &chat_max(500), &[]).await;
+    r.assert_error(400, "max_tokens_too_large");
+    assert_eq!(assert_rate_headers(&r, "400 size cap"), left);
+    let deadline = |ms| [("x-fairgate-deadline-ms", ms)];
+    let r = chat_as(&p, KEY_B, &chat("gpt-4o-mini"), &deadline("soon")).await;
+    r.assert_error(400, "invalid_deadline");
+    assert_eq!(assert_rate_headers(&r, "400 deadline"), left);
+    // Upstream errors, passed through: the provider's own x-ratelimit-* (its shared key's
+    // budget) is replaced by the tenant's.
+    let r = chat_as(&p, KEY_B, &chat("gpt-4o-mini"), &[("x-mock-status", "500")]).await;
+    assert_eq!(r.status, 500);
+    assert_eq!(assert_rate_headers(&r, "upstream 500"), 99_998);
+    let r = chat_as(&p, KEY_B, &chat("gpt-4o-mini"), &[("x-mock-status", "429")]).await;
+    assert_eq!(r.status, 429);
+    assert_eq!(header(&r, "x-fairgate-limit"), Some("upstream"));
+    assert_eq!(assert_rate_headers(&r, "upstream 429"), 99_997);
+    // Queue refusals: a's request holds the only slot.
+    let blocker = {
+        let p = p.clone();
+        tokio::spawn(async move {
+            chat_as(
+                &p,
+                KEY_A,
+                &chat("gpt-4o-mini"),
+                &[("x-mock-delay-ms", "3000")],
+            )
+            .await
+            .status
+        })
+    };
+    assert!(eventually(|| p.pools[0].load() == (0, 1)).await);
+    let r = chat_as(&p, KEY_B, &chat("gpt-4o-mini"), &deadline("1500")).await;
+    r.assert_error(504, "deadline_exceeded");
+    assert_eq!(assert_rate_headers(&r, "504 in queue"), 99_996);
+    let after_504 = remaining_tokens(&r);
+    let queued = {
+        let p = p.clone();
+        tokio::spawn(async move { chat_as(&p, KEY_B, &chat("gpt-4o-mini"), &[]).await })
+    };
+    assert!(eventually(|| p.pools[0].load() == (1, 1)).await);
+    let r = chat_as(&p, KEY_B, &chat("gpt-4o-mini"), &[]).await;
+    r.assert_error(429, "rate_limit_exceeded");
+    assert_eq!(header(&r, "x-fairgate-limit"), Some("queue"));
+    assert_eq!(assert_rate_headers(&r, "429 queue full"), 99_994);
+    let queue_full = remaining_tokens(&r);
+    assert!(queue_full < after_504);
+    let r = chat_as(&p, KEY_B, &chat("gpt-4o-mini"), &deadline("100")).await;
+    r.assert_error(429, "deadline_infeasible");
+    assert_eq!(assert_rate_headers(&r, "429 deadline infeasible"), 99_994);
+    // Requests that never went upstream got their estimate back: the 504's, then the
+    // queue-full one's (the same body as the queued one, which still holds its tokens).
+    assert_eq!(remaining_tokens(&r), after_504);
+    assert_eq!(blocker.await.unwrap(), 200);
+    let r = queued.await.unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(assert_rate_headers(&r, "queued success"), 99_995);
+    // The unlimited tenant's refusals carry none.
+    let r = chat_as(&p, KEY_A, &big, &[]).await;
+    assert_eq!(r.status, 413);
+    assert!(header(&r, "x-ratelimit-limit-requests").is_none());
+}
+
+fn num(r: &Collected, name: &str) -> u64 {
+    header(r, name)
+        .unwrap_or_else(|| panic!("{name} missing: {:?}", r.headers))
+        .parse()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn input_and_output_token_budgets_refuse_separately_and_are_reconciled() {
+    let mock = mock().await;
+    // Buckets of 1000 input and 1000 output tokens refilling one token a minute: exact counts.
+    let p = proxy(&config(
+        &mock.base_url(),
+        "",
+        "",
+        "input_tokens_per_minute = 1\noutput_tokens_per_minute = 1\nburst = 1000.0",
+    ))
+    .await;
+    let out = |n: &'static str| [("x-mock-output-tokens", n)];
+    let r = chat_as(&p, KEY_B, &chat_max(600), &out("600")).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(num(&r, "x-ratelimit-limit-output-tokens"), 1000);
+    assert_eq!(num(&r, "x-ratelimit-remaining-output-tokens"), 400);
+    assert_eq!(num(&r, "x-ratelimit-limit-input-tokens"), 1000);
+    assert!(
+        header(&r, "x-ratelimit-limit-tokens").is_none(),
+        "not configured"
+    );
+    // Over the output budget: refused by the tenant's limit, with the honest refill time of the
+    // 200 missing tokens (one a minute), not a constant.
+    let r = chat_as(&p, KEY_B, &chat_max(600), &[]).await;
+    r.assert_error(429, "rate_limit_exceeded");
+    assert_eq!(header(&r, "x-fairgate-limit"), Some("tenant"));
+    let msg = r.json()["error"]["message"].as_str().unwrap().to_owned();
+    assert!(msg.contains("output tokens per minute"), "{msg}");
+    let retry_after = num(&r, "retry-after");
+    assert!((11_900..=12_000).contains(&retry_after), "{retry_after}");
+    assert_eq!(num(&r, "x-ratelimit-remaining-output-tokens"), 400);
+    // ...while a request that fits the output budget passes: input is fine.
+    let r = chat_as(&p, KEY_B, &chat_max(10), &out("10")).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(num(&r, "x-ratelimit-remaining-output-tokens"), 390);
+    // Reconcile: estimated 300 output tokens, used 10 → 290 come back once the body is done.
+    let r = chat_as(&p, KEY_B, &chat_max(300), &out("10")).await;
+    assert_eq!(num(&r, "x-ratelimit-remaining-output-tokens"), 90);
+    let r = chat_as(&p, KEY_B, &chat_max(1), &out("1")).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(num(&r, "x-ratelimit-remaining-output-tokens"), 90 + 290 - 1);
+    // Over the input budget while output is fine: a ~700-token prompt fits once, not twice.
+    let long = format!(
+        r#"{{"model":"gpt-4o-mini","max_tokens":1,"messages":[{{"role":"user","content":"{}"}}]}}"#,
+        "hello ".repeat(700)
+    );
+    let r = chat_as(&p, KEY_B, &long, &out("1")).await;
+    assert_eq!(r.status, 200);
+    let r = chat_as(&p, KEY_B, &long, &out("1")).await;
+    r.assert_error(429, "rate_limit_exceeded");
+    let msg = r.json()["error"]["message"].as_str().unwrap().to_owned();
+    assert!(msg.contains("input tokens per minute"), "{msg}");
+    assert!(num(&r, "x-ratelimit-remaining-output-tokens") >= 300);
+    assert!(num(&r, "x-ratelimit-remaining-input-tokens") < 700);
+    assert_eq!(mock.stats.requests(), 5);
+    // The unlimited tenant is unaffected.
+    assert_eq!(chat_as(&p, KEY_A, &long, &[]).await.status, 200);
+}
+
+/// One answer of the reserve-and-degrade load: class, status, queue ms, and whether it came
+/// after the learned limit had settled.
+#[derive(Clone, Copy, Debug)]
+struct Answer {
+    batch: bool,
+    status: u16,
+    queue_ms: u64,
+    settled: bool,
+}
+
+const KEY_RECOVERY: &str = "fg-test-a-recovery";
+
+/// Interactive (tenant a) and batch (tenant b) at equal class shares, so any batch slowdown is
+/// the degraded pool's doing; `max_concurrency = 16`, one slot reserved for recovery keys.
+fn reserve_config(base_url: &str) -> String {
+    format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\n\
+         [scheduler]\nreserved_slots = 1\n[scheduler.classes]\ninteractive = 1\nbatch = 1\n\
+         [[upstreams]]\nname = \"mock\"\nbase_url = \"{base_url}\"\nmax_concurrency = 16\n\
+         [[tenants]]\nid = \"a\"\napi_keys = [\"{KEY_A}\"]\nrecovery_api_keys = [\"{KEY_RECOVERY}\"]\n\
+         [[tenants]]\nid = \"b\"\napi_keys = [\"{KEY_B}\"]\npriority = \"batch\"\n"
+    )
+}
+
+/// 12 interactive and 12 batch clients loop against `proxy` until `stop`.
+async fn flood(
+    proxy: &ServerHandle,
+    settled: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+) -> Vec<Answer> {
+    let answers = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..24 {
+        let batch = i % 2 == 1;
+        let key = if batch { KEY_B } else { KEY_A };
+        let (addr, answers, stop, settled) =
+            (proxy.addr, answers.clone(), stop.clone(), settled.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..2000 {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                let r = send(post(
+                    addr,
+                    "/v1/chat/completions",
+                    Some(key),
+                    &chat_max(8),
+                    &[],
+                ))
+                .await;
+                answers.lock().unwrap().push(Answer {
+                    batch,
+                    status: r.status,
+                    queue_ms: num(&r, "x-fairgate-queue-ms"),
+                    settled: settled.load(Ordering::Relaxed),
+                });
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    Arc::try_unwrap(answers).unwrap().into_inner().unwrap()
+}
+
+/// Served (200) interactive and batch answers after the limit settled.
+fn served(answers: &[Answer]) -> (usize, usize) {
+    let ok = |batch: bool| {
+        answers
+            .iter()
+            .filter(|a| a.settled && a.status == 200 && a.batch == batch)
+            .count()
+    };
+    (ok(false), ok(true))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_a_429_storm_recovery_keeps_its_slot_and_batch_is_slowed_first() {
+    let latency = Duration::from_millis(40);
+    let storm_mock = mock_with(MockConfig {
+        max_concurrency: Some(4),
+        retry_after: Duration::from_millis(100),
+        base_latency: latency,
+        record_requests: false,
+        ..MockConfig::default()
+    })
+    .await;
+    // The baseline: the same proxy config and load, a provider without a limit.
+    let base_mock = mock_with(MockConfig {
+        base_latency: latency,
+        record_requests: false,
+        ..MockConfig::default()
+    })
+    .await;
+    let storm = Arc::new(proxy(&reserve_config(&storm_mock.base_url())).await);
+    let baseline = proxy(&reserve_config(&base_mock.base_url())).await;
+    let (settled, stop) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    // "Settled": the learned limit is near the provider's K. The baseline counts from the same
+    // moment.
+    let driver = {
+        let (storm, settled, stop) = (storm.clone(), settled.clone(), stop.clone());
+        tokio::spawn(async move {
+            let cap = storm.admission.capacity[0].clone();
+            for _ in 0..1000 {
+                if cap.limit() <= 6 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            assert!(cap.limit() <= 6, "the limit learned K");
+            settled.store(true, Ordering::Relaxed);
+            // Recovery requests while both floods saturate the learned capacity.
+            let mut recovery = Vec::new();
+            for _ in 0..12 {
+                tokio::time::sleep(Duration::from_millis(150)).await;
+                let r = chat_as(&storm, KEY_RECOVERY, &chat_max(8), &[]).await;
+                recovery.push((r.status, num(&r, "x-fairgate-queue-ms")));
+            }
+            tokio::time::sleep(Duration::from_millis(700)).await;
+            stop.store(true, Ordering::Relaxed);
+            recovery
+        })
+    };
+    let (s, b) = tokio::join!(
+        flood(&storm, settled.clone(), stop.clone()),
+        flood(&baseline, settled.clone(), stop.clone())
+    );
+    let recovery = driver.await.unwrap();
+    let mut interactive_waits: Vec<u64> = s
+        .iter()
+        .filter(|a| a.settled && a.status == 200 && !a.batch)
+        .map(|a| a.queue_ms)
+        .collect();
+    interactive_waits.sort_unstable();
+    let median = interactive_waits[interactive_waits.len() / 2];
+    let mut recovery_waits: Vec<u64> = recovery.iter().map(|r| r.1).collect();
+    recovery_waits.sort_unstable();
+    let recovery_median = recovery_waits[recovery_waits.len() / 2];
+    let ((si, sb), (bi, bb)) = (served(&s), served(&b));
+    println!(
+        "reserve and degrade: learned limit {}; recovery queue ms {recovery_waits:?} vs \
+         interactive median {median} (p90 {}); served after settling: storm {si} interactive / \
+         {sb} batch, baseline {bi} / {bb}",
+        storm.admission.capacity[0].limit(),
+        interactive_waits[interactive_waits.len() * 9 / 10],
+    );
+    assert!(recovery.iter().all(|r| r.0 == 200), "{recovery:?}");
+    assert!(
+        interactive_waits.len() >= 20 && bi >= 20 && bb >= 20,
+        "enough samples"
+    );
+    // The recovery reservation keeps working: its waits are well below ordinary traffic's,
+    // even the worst of them (right after a cut or during a pause, when more is in flight
+    // than the shrunken capacity allows).
+    assert!(
+        recovery_median * 2 <= median && *recovery_waits.last().unwrap() < median,
+        "recovery {recovery_waits:?} vs interactive median {median}"
+    );
+    // Batch is slowed first: with equal class shares it gets as much as interactive at full
+    // capacity (the baseline), and clearly less once the pool has shrunk. (Without the degrade
+    // the storm's ratio is the baseline's, ~1; with it 0.55–0.75 here: batch keeps at least one
+    // of the 3–4 ordinary slots left.)
+    assert!(sb < si, "storm: {si} interactive, {sb} batch");
+    assert!(
+        (sb as f64 / si as f64) < 0.85 * (bb as f64 / bi as f64),
+        "storm {sb}/{si} vs baseline {bb}/{bi}"
+    );
+}

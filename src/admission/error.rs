@@ -1,10 +1,11 @@
-//! Admission errors and the `x-ratelimit-*` headers of limited tenants.
+//! Admission errors, and the `x-ratelimit-*` headers of limited tenants (added to every response
+//! of such a tenant by [`super::headers`]).
 
 use std::time::Duration;
 
 use http::{header, HeaderName, HeaderValue, StatusCode};
 
-use super::rate::{BucketState, RateState};
+use super::rate::{BucketState, Budget, RateState};
 use crate::domain::Tokens;
 use crate::error::ApiError;
 
@@ -19,20 +20,20 @@ pub enum Error {
     RequestRate {
         /// When a request fits again.
         retry_after: Duration,
-        /// The tenant's buckets.
-        state: RateState,
     },
-    /// The tenant's token bucket cannot cover the request's estimate.
-    #[error("rate limit reached for tokens per minute; retry after {}s", secs(*retry_after))]
+    /// One of the tenant's token buckets cannot cover its part of the request's estimate.
+    #[error("rate limit reached for {budget} per minute; retry after {}s", secs(*retry_after))]
     TokenRate {
+        /// The refusing budget.
+        budget: Budget,
         /// When the estimate fits again.
         retry_after: Duration,
-        /// The tenant's buckets.
-        state: RateState,
     },
-    /// One request's estimate exceeds the whole token bucket.
-    #[error("request is estimated at {} tokens, more than this tenant's token budget of {burst}", cost.0)]
+    /// A part of one request's estimate exceeds its whole token bucket.
+    #[error("request is estimated at {} {budget}, more than this tenant's budget of {burst} {budget}", cost.0)]
     TokenBurst {
+        /// The budget.
+        budget: Budget,
         /// The estimate.
         cost: Tokens,
         /// The bucket size.
@@ -112,33 +113,31 @@ impl ApiError for Error {
         }
     }
     fn headers(&self) -> Vec<(HeaderName, HeaderValue)> {
-        let (wait, limit, state) = match self {
-            Error::RequestRate { retry_after, state } | Error::TokenRate { retry_after, state } => {
-                (*retry_after, "tenant", Some(*state))
+        let (wait, limit) = match self {
+            Error::RequestRate { retry_after } | Error::TokenRate { retry_after, .. } => {
+                (*retry_after, "tenant")
             }
             Error::DeadlineInfeasible {
                 predicted, limit, ..
-            } => (*predicted, *limit, None),
+            } => (*predicted, *limit),
             _ => return Vec::new(),
         };
-        let mut h = vec![
+        vec![
             (header::RETRY_AFTER, HeaderValue::from(secs(wait))),
             (
                 HeaderName::from_static(LIMIT_HEADER),
                 HeaderValue::from_static(limit),
             ),
-        ];
-        if let Some(state) = state {
-            h.extend(rate_headers(&state));
-        }
-        h
+        ]
     }
 }
 
-/// OpenAI's `x-ratelimit-{limit,remaining,reset}-{requests,tokens}` for the configured buckets.
+/// OpenAI's `x-ratelimit-{limit,remaining,reset}-{requests,tokens}` for the configured buckets,
+/// and the same trio for `input-tokens` and `output-tokens` when those budgets are configured.
 pub fn rate_headers(state: &RateState) -> Vec<(HeaderName, HeaderValue)> {
-    let mut h = Vec::with_capacity(6);
-    for (kind, bucket) in [("requests", state.requests), ("tokens", state.tokens)] {
+    let mut h = Vec::with_capacity(12);
+    let tokens = Budget::ALL.map(|b| (b.header_name(), state.budget(b)));
+    for (kind, bucket) in std::iter::once(("requests", state.requests)).chain(tokens) {
         let Some(BucketState {
             limit,
             remaining,

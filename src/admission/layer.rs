@@ -6,12 +6,15 @@
 //! 3. rate limits: charge the estimate to the tenant's buckets (through its ledger) → 429.
 //!
 //! Admitted requests carry [`Deadline`], [`Estimate`] and [`ActualTokens`] in their extensions;
-//! every response of a rate-limited tenant (success or error) carries the `x-ratelimit-*` headers
-//! of its buckets; a reconcile guard on the response body settles the ledger with the actual
-//! token count once the usage stage has recorded it in [`ActualTokens`].
+//! the bucket state a request was charged or refused with goes into its [`RateSlot`], from which
+//! the `headers` stage writes the `x-ratelimit-*` headers. A reconcile guard on the response
+//! body settles the ledger with the actual token count once the usage stage has recorded it in
+//! [`ActualTokens`]; a request refused below before it was sent upstream (queue full, deadline
+//! passed in the queue) gets its whole estimate back as credit.
+//!
+//! Errors of the stages below pass through typed (they are rendered once, above).
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -19,8 +22,8 @@ use futures_util::future::BoxFuture;
 use http::{Request, Response};
 
 use super::deadline::Deadline;
-use super::error::rate_headers;
-use super::rate::{RateStore, Refusal};
+use super::headers::RateSlot;
+use super::rate::{Charge, RateStore, Refusal};
 use super::{estimate, Admission, Error as AdmissionError};
 use crate::body::Parsed;
 use crate::domain::{TenantId, Tokens};
@@ -29,26 +32,25 @@ use crate::response::ResponseBody;
 use crate::route::Route;
 use crate::tenant::Identity;
 
-/// The actual token count of a request, recorded by the usage stage (`u64::MAX`: unknown).
-#[derive(Clone, Debug)]
-pub struct ActualTokens(Arc<AtomicU64>);
-
-impl Default for ActualTokens {
-    fn default() -> Self {
-        Self(Arc::new(AtomicU64::new(u64::MAX)))
-    }
-}
+/// The actual token counts of a request, recorded once by the usage stage.
+#[derive(Clone, Debug, Default)]
+pub struct ActualTokens(Arc<OnceLock<Charge>>);
 
 impl ActualTokens {
-    /// Records the actual cost (call once the upstream reported usage).
-    pub fn set(&self, tokens: Tokens) {
-        self.0.store(tokens.0.min(u64::MAX - 1), Ordering::Release);
+    /// Records the actual input and output tokens (once the upstream reported usage; the first
+    /// record wins).
+    pub fn set(&self, input: u64, output: u64) {
+        let _ = self.0.set(Charge { input, output });
     }
 
-    /// The recorded cost, if any.
+    /// The recorded input + output tokens, if any.
     pub fn get(&self) -> Option<Tokens> {
-        let v = self.0.load(Ordering::Acquire);
-        (v != u64::MAX).then_some(Tokens(v))
+        self.parts().map(Charge::total)
+    }
+
+    /// The recorded counts by direction, if any.
+    pub fn parts(&self) -> Option<Charge> {
+        self.0.get().copied()
     }
 }
 
@@ -56,13 +58,13 @@ impl ActualTokens {
 struct Reconcile {
     store: Arc<dyn RateStore>,
     tenant: TenantId,
-    estimated: Tokens,
+    estimated: Charge,
     actual: ActualTokens,
 }
 
 impl Drop for Reconcile {
     fn drop(&mut self) {
-        if let Some(actual) = self.actual.get() {
+        if let Some(actual) = self.actual.parts() {
             self.store.reconcile(&self.tenant, self.estimated, actual);
         }
     }
@@ -148,14 +150,18 @@ where
             }
             // 3. Rate limits.
             let limited = adm.store.limited(&tenant);
-            let state = if limited {
-                match adm.store.admit(&tenant, est.total) {
-                    Ok(state) => Some(state),
-                    Err(refusal) => return Err(refused(refusal).into()),
+            if limited {
+                let slot = ext.get::<RateSlot>().cloned().unwrap_or_default();
+                match adm.store.admit(&tenant, est.charge()) {
+                    Ok(state) => slot.set(state),
+                    Err(refusal) => {
+                        if let Some(state) = refusal.state() {
+                            slot.set(state);
+                        }
+                        return Err(refused(refusal).into());
+                    }
                 }
-            } else {
-                None
-            };
+            }
             let actual = ActualTokens::default();
             let ext = req.extensions_mut();
             ext.insert(est);
@@ -164,28 +170,58 @@ where
                 ext.insert(d);
             }
             let res = inner.call(req).await;
-            let Some(state) = state else {
+            if !limited {
                 return res;
-            };
-            let mut res = res.unwrap_or_else(Error::into_response);
-            res.headers_mut().extend(rate_headers(&state));
-            res.body_mut().attach(Box::new(Reconcile {
-                store: adm.store.clone(),
-                tenant,
-                estimated: est.total,
-                actual,
-            }));
-            Ok(res)
+            }
+            match res {
+                Ok(mut res) => {
+                    res.body_mut().attach(Box::new(Reconcile {
+                        store: adm.store.clone(),
+                        tenant,
+                        estimated: est.charge(),
+                        actual,
+                    }));
+                    Ok(res)
+                }
+                Err(e) => {
+                    if never_sent(&e) {
+                        adm.store
+                            .reconcile(&tenant, est.charge(), Charge::default());
+                    }
+                    Err(e)
+                }
+            }
         })
     }
 }
 
+/// Whether an error of the stages below means the request never reached the upstream.
+fn never_sent(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::Queue(_) | Error::Admission(AdmissionError::DeadlineExceeded { .. })
+    )
+}
+
 fn refused(r: Refusal) -> AdmissionError {
     match r {
-        Refusal::Requests { retry_after, state } => {
-            AdmissionError::RequestRate { retry_after, state }
-        }
-        Refusal::Tokens { retry_after, state } => AdmissionError::TokenRate { retry_after, state },
-        Refusal::TooLarge { cost, burst } => AdmissionError::TokenBurst { cost, burst },
+        Refusal::Requests { retry_after, .. } => AdmissionError::RequestRate { retry_after },
+        Refusal::Tokens {
+            budget,
+            retry_after,
+            ..
+        } => AdmissionError::TokenRate {
+            budget,
+            retry_after,
+        },
+        Refusal::TooLarge {
+            budget,
+            cost,
+            burst,
+        } => AdmissionError::TokenBurst {
+            budget,
+            cost,
+            burst,
+        },
     }
 }

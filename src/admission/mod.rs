@@ -7,19 +7,26 @@
 //!   learned capacity ([`capacity::PoolCapacity`] around the pure [`aimd::Aimd`]) and retries
 //!   429/502/503 answered before any byte reached the client, holding the permit.
 //!
-//! Rate-limit accounting (governor buckets + a signed token ledger that gives back
-//! over-estimates and charges under-estimates) is behind [`rate::RateStore`]; see `rate` and
-//! `ledger` for how a bucket that cannot refund is still charged exactly.
+//! Rate-limit accounting (governor buckets for requests, all tokens, input and output tokens,
+//! each token bucket with a signed ledger that gives back over-estimates and charges
+//! under-estimates) is behind [`rate::RateStore`]; see `rate` and `ledger` for how a bucket that
+//! cannot refund is still charged exactly.
+//!
+//! Every response of a tenant with rate limits carries its `x-ratelimit-*` headers, added in one
+//! place: the [`headers`] stage just below `tenant`.
 //!
 //! `x-fairgate-limit` on a refusal says whose limit it was: `tenant` (its buckets), `queue`
 //! (the pool's backlog vs the deadline) or `upstream` (the provider's answer or pause).
 
 pub mod aimd;
+mod bucket;
 pub mod capacity;
 pub mod deadline;
 mod error;
+pub mod headers;
 mod layer;
 pub mod ledger;
+mod memory;
 pub mod rate;
 pub mod retry;
 
@@ -37,7 +44,7 @@ use crate::config::{Config, TenantLimits};
 use crate::domain::{TenantId, Tokens};
 use crate::queue::FairQueue;
 use capacity::PoolCapacity;
-use rate::{MemoryStore, RateStore};
+use rate::{Charge, MemoryStore, RateStore};
 use retry::{RetryPolicy, RetryStats};
 
 /// A request's admission-time cost estimate, in its extensions.
@@ -45,8 +52,20 @@ use retry::{RetryPolicy, RetryStats};
 pub struct Estimate {
     /// Estimated input tokens.
     pub input: u64,
-    /// Input plus the output allowance: what the token bucket is charged.
+    /// The output allowance: the request's output cap, or the default.
+    pub output: u64,
+    /// Input plus output: what the `tokens_per_minute` bucket is charged.
     pub total: Tokens,
+}
+
+impl Estimate {
+    /// What the tenant's token buckets are charged.
+    pub fn charge(&self) -> Charge {
+        Charge {
+            input: self.input,
+            output: self.output,
+        }
+    }
 }
 
 /// The one admission-time estimate, in raw tokens (what `tokens_per_minute` counts): the
@@ -65,6 +84,7 @@ pub fn estimate(
         .unwrap_or(default_output);
     Estimate {
         input,
+        output,
         total: Tokens(input.saturating_add(output)),
     }
 }

@@ -8,7 +8,8 @@
 //! deadline. Each extra attempt is charged to the tenant's token ledger (its estimate) and to its
 //! fair-queue credit (the cost charged at dispatch, via `queue::Surcharge`), and
 //! counted ([`RetryStats`]). A 429 that is finally passed to the client says
-//! `x-fairgate-limit: upstream`.
+//! `x-fairgate-limit: upstream` and always carries a `Retry-After` (the upstream's, else the wait
+//! the next attempt would have had).
 //!
 //! Invariant: only a complete upstream *head* is inspected, and a retried answer's body is
 //! dropped unread, so nothing of a failed attempt reaches the client.
@@ -25,7 +26,7 @@ use rand::Rng;
 
 use super::capacity::{upstream_wait, PoolCapacity};
 use super::deadline::Deadline;
-use super::error::LIMIT_HEADER;
+use super::error::{secs, LIMIT_HEADER};
 use super::rate::RateStore;
 use super::Estimate;
 use crate::config::AdmissionConfig;
@@ -179,20 +180,14 @@ where
                 let in_time = deadline.is_none_or(|d| backoff < d.remaining());
                 if attempt >= shared.policy.max_retries || !in_time {
                     shared.stats.exhausted.fetch_add(1, Ordering::Relaxed);
-                    return result.map(|mut res| {
-                        if res.status() == StatusCode::TOO_MANY_REQUESTS {
-                            res.headers_mut()
-                                .insert(LIMIT_HEADER, HeaderValue::from_static("upstream"));
-                        }
-                        res
-                    });
+                    return result.map(|res| give_up(res, backoff));
                 }
                 drop(result);
                 tokio::time::sleep(backoff).await;
                 attempt += 1;
                 shared.stats.retries.fetch_add(1, Ordering::Relaxed);
                 if let (Some(t), Some(e)) = (&tenant, estimate) {
-                    shared.store.charge(t, e.total);
+                    shared.store.charge(t, e.charge());
                 }
                 // And to its fair-queue credit: the attempt is the tenant's load, not everyone's.
                 if let Some(s) = &surcharge {
@@ -203,9 +198,44 @@ where
     }
 }
 
+/// The upstream's 429 as passed to the client once retries are over: `x-fairgate-limit:
+/// upstream`, and a `Retry-After` — the upstream's own, else the wait before the next attempt
+/// would have been (the upstream's reset, the pool's pause, or the backoff) — never none.
+fn give_up(mut res: Response<ResponseBody>, next_attempt: Duration) -> Response<ResponseBody> {
+    if res.status() == StatusCode::TOO_MANY_REQUESTS {
+        let h = res.headers_mut();
+        h.insert(LIMIT_HEADER, HeaderValue::from_static("upstream"));
+        h.entry(http::header::RETRY_AFTER)
+            .or_insert_with(|| HeaderValue::from(secs(next_attempt)));
+    }
+    res
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_final_upstream_429_always_says_when_to_retry() {
+        let res = |retry_after: Option<&'static str>| {
+            let mut r = Response::new(ResponseBody::empty());
+            *r.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+            if let Some(v) = retry_after {
+                r.headers_mut()
+                    .insert("retry-after", HeaderValue::from_static(v));
+            }
+            r
+        };
+        let wait = Duration::from_millis(2500);
+        let r = give_up(res(None), wait);
+        assert_eq!(r.headers()["retry-after"], "3");
+        assert_eq!(r.headers()[LIMIT_HEADER], "upstream");
+        let r = give_up(res(Some("7")), wait);
+        assert_eq!(r.headers()["retry-after"], "7", "the upstream's own wins");
+        let mut ok = Response::new(ResponseBody::empty());
+        *ok.status_mut() = StatusCode::BAD_GATEWAY;
+        assert!(give_up(ok, wait).headers().get("retry-after").is_none());
+    }
 
     #[test]
     fn backoff_doubles_with_jitter_and_is_capped() {

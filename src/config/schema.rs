@@ -131,6 +131,10 @@ pub struct TenantLimits {
     pub requests_per_minute: Option<u32>,
     /// Estimated tokens per minute (none: unlimited).
     pub tokens_per_minute: Option<u32>,
+    /// Estimated input tokens per minute (none: unlimited).
+    pub input_tokens_per_minute: Option<u32>,
+    /// Estimated output tokens per minute (none: unlimited).
+    pub output_tokens_per_minute: Option<u32>,
     /// Bucket size as a multiple of one minute's budget.
     pub burst: f64,
     /// Input-token cap of one request.
@@ -306,6 +310,12 @@ pub struct PlanConfig {
     /// Estimated tokens per minute (token bucket; optional, default unlimited).
     #[serde(default)]
     pub tokens_per_minute: Option<u32>,
+    /// Estimated input tokens per minute (token bucket; optional, default unlimited).
+    #[serde(default)]
+    pub input_tokens_per_minute: Option<u32>,
+    /// Estimated output tokens per minute (token bucket; optional, default unlimited).
+    #[serde(default)]
+    pub output_tokens_per_minute: Option<u32>,
     /// Bucket size as a multiple of one minute's budget (default 1.0).
     #[serde(default)]
     pub burst: Option<f64>,
@@ -366,6 +376,12 @@ pub struct TenantConfig {
     /// Estimated tokens per minute (token bucket; optional, default unlimited).
     #[serde(default)]
     pub tokens_per_minute: Option<u32>,
+    /// Estimated input tokens per minute (token bucket; optional, default unlimited).
+    #[serde(default)]
+    pub input_tokens_per_minute: Option<u32>,
+    /// Estimated output tokens per minute (token bucket; optional, default unlimited).
+    #[serde(default)]
+    pub output_tokens_per_minute: Option<u32>,
     /// Bucket size as a multiple of one minute's budget (default 1.0).
     #[serde(default)]
     pub burst: Option<f64>,
@@ -419,6 +435,8 @@ impl TenantConfig {
         TenantLimits {
             requests_per_minute: pick!(requests_per_minute),
             tokens_per_minute: pick!(tokens_per_minute),
+            input_tokens_per_minute: pick!(input_tokens_per_minute),
+            output_tokens_per_minute: pick!(output_tokens_per_minute),
             burst: pick!(burst).unwrap_or(1.0),
             max_input_tokens: pick!(max_input_tokens).unwrap_or(d.max_input_tokens),
             max_output_tokens: pick!(max_output_tokens).unwrap_or(d.max_output_tokens),

@@ -31,7 +31,7 @@ fn env_name(key: String, var: &Option<String>) -> Result<(), ConfigError> {
 /// Admission limits of one plan or tenant: rates, caps and burst must be > 0 when set.
 fn limits(
     prefix: &str,
-    rates: [(&str, Option<u64>); 5],
+    rates: [(&str, Option<u64>); 7],
     burst: Option<f64>,
 ) -> Result<(), ConfigError> {
     for (k, v) in rates {
@@ -53,6 +53,14 @@ macro_rules! limit_fields {
         [
             ("requests_per_minute", $x.requests_per_minute.map(u64::from)),
             ("tokens_per_minute", $x.tokens_per_minute.map(u64::from)),
+            (
+                "input_tokens_per_minute",
+                $x.input_tokens_per_minute.map(u64::from),
+            ),
+            (
+                "output_tokens_per_minute",
+                $x.output_tokens_per_minute.map(u64::from),
+            ),
             ("max_input_tokens", $x.max_input_tokens),
             ("max_output_tokens", $x.max_output_tokens),
             ("max_queue_wait_ms", $x.max_queue_wait_ms),
@@ -295,17 +303,22 @@ base_url = "http://127.0.0.1:9000/v1"
         assert!(e.starts_with("tenants[0].requests_per_minute"), "{e}");
         let e = err("[plans.p]\nburst = -1.0\n");
         assert!(e.starts_with("plans.p.burst"), "{e}");
+        let e = err("[plans.p]\noutput_tokens_per_minute = 0\n");
+        assert!(e.starts_with("plans.p.output_tokens_per_minute"), "{e}");
         let e = err("[admission]\nmax_retries = 2\nretry_backoff_ms = 0\n");
         assert!(e.starts_with("admission.retry_backoff_ms"), "{e}");
         let c = Config::from_toml_str(&format!(
             "{BASE}[admission]\nmax_queue_wait_ms = 900\n[plans.p]\ntokens_per_minute = 500\n\
-             requests_per_minute = 9\n[[tenants]]\nid = \"a\"\napi_keys = [\"k\"]\nplan = \"p\"\n\
-             requests_per_minute = 3\nmax_output_tokens = 64\n"
+             requests_per_minute = 9\ninput_tokens_per_minute = 400\n\
+             [[tenants]]\nid = \"a\"\napi_keys = [\"k\"]\nplan = \"p\"\n\
+             requests_per_minute = 3\nmax_output_tokens = 64\noutput_tokens_per_minute = 80\n"
         ))
         .unwrap();
         let l = c.tenants[0].effective_limits(&c);
         assert_eq!(l.requests_per_minute, Some(3));
         assert_eq!(l.tokens_per_minute, Some(500));
+        assert_eq!(l.input_tokens_per_minute, Some(400));
+        assert_eq!(l.output_tokens_per_minute, Some(80));
         assert_eq!((l.burst, l.max_output_tokens), (1.0, 64));
         assert_eq!(l.max_input_tokens, 200_000);
         assert_eq!(l.max_queue_wait_ms, Some(900));

@@ -19,6 +19,7 @@ use http_body::{Body, Frame, SizeHint};
 use tokio::time::Instant;
 
 use super::{Metrics, Outcome, TenantMetrics};
+use crate::admission::rate::Budget;
 use crate::admission::{ActualTokens, Error as AdmissionError, LIMIT_HEADER};
 use crate::domain::{Class, TenantId, Tokens};
 use crate::error::Error;
@@ -123,7 +124,11 @@ pub fn reason(e: &Error) -> &'static str {
         Error::Route(_) => "no_route",
         Error::Admission(a) => match a {
             AdmissionError::RequestRate { .. } => "request_rate",
-            AdmissionError::TokenRate { .. } => "token_rate",
+            AdmissionError::TokenRate { budget, .. } => match budget {
+                Budget::Tokens => "token_rate",
+                Budget::Input => "input_token_rate",
+                Budget::Output => "output_token_rate",
+            },
             AdmissionError::TokenBurst { .. } => "token_burst",
             AdmissionError::InputTooLarge { .. } => "input_too_large",
             AdmissionError::OutputTooLarge { .. } => "output_too_large",

@@ -7,7 +7,10 @@
 //!
 //! Invariants kept here, each checked by the tests in `tests.rs` and `proptests.rs`:
 //! - Capacity: pool in-flight ≤ capacity; non-recovery in-flight ≤ capacity − reserved; tenant
-//!   in-flight ≤ its `max_concurrency`.
+//!   in-flight ≤ its `max_concurrency`. Recovery may always hold up to `reserved_slots`: when
+//!   `set_capacity` lowers the capacity below what is in flight (a 429 storm, an upstream pause),
+//!   ordinary dispatch waits for the excess to drain but the reservation does not.
+//!   (With a constant capacity the two rules never conflict.)
 //! - Work conservation: `dispatch` returns `None` only when the pool is full or no tenant under
 //!   its cap has queued work that the reservation lets through.
 //! - Bounded queues: per tenant (`max_queued`) and per pool (`max_queued`).
@@ -358,7 +361,10 @@ impl<T> Scheduler<T> {
         now: Duration,
         cost: &mut dyn FnMut(&T) -> Tokens,
     ) -> Option<Grant<T>> {
-        if self.in_flight >= self.cfg.capacity {
+        // A lowered capacity (e.g. learned from upstream 429s) may leave more in flight than it
+        // allows; recovery's reservation stays usable even then.
+        let reserved_free = self.lane_in_flight[Lane::Recovery.index()] < self.cfg.reserved_slots;
+        if self.in_flight >= self.cfg.capacity && !reserved_free {
             return None;
         }
         self.age(now);

@@ -288,6 +288,34 @@ fn reserved_slots_are_only_for_recovery() {
 }
 
 #[test]
+fn a_lowered_capacity_does_not_take_the_reservation_away() {
+    let mut s: Scheduler<Item> = Scheduler::new(Config {
+        capacity: 16,
+        reserved_slots: 1,
+        ..Config::default()
+    });
+    let t = add(&mut s, 1, 1.0, None)[0];
+    for _ in 0..20 {
+        push(&mut s, t, 10);
+    }
+    for _ in 0..15 {
+        assert!(next(&mut s).is_some());
+    }
+    // The upstream pauses the pool: only the reservation is left, 15 ordinary still in flight.
+    s.set_capacity(1);
+    assert!(next(&mut s).is_none(), "ordinary work waits");
+    for _ in 0..2 {
+        s.enqueue(Duration::ZERO, t, Class::Interactive, true, (9, 10))
+            .unwrap();
+    }
+    assert_eq!(next(&mut s).unwrap().slot.lane, Lane::Recovery);
+    assert!(
+        next(&mut s).is_none(),
+        "one reserved slot, one recovery request"
+    );
+}
+
+#[test]
 fn queues_are_bounded() {
     let mut s: Scheduler<Item> = Scheduler::new(Config {
         max_queued: 3,

@@ -145,6 +145,10 @@ where
         .option_layer(on_main.then(|| ops::admin(state)))
         // Who is calling, before reading a byte of the body: unknown callers cost a header hash.
         .layer(tenant::Layer(state.tenants.clone()))
+        // The tenant's x-ratelimit-* headers, on every response of a limited tenant: right below
+        // `tenant` so that every refusal of every stage below (413 body, 400, 429, 504) and every
+        // upstream answer passes through it; above `metrics`, which renders those refusals.
+        .layer(admission::headers::Layer(state.admission.store.clone()))
         // Request metrics and the per-request log line, as soon as the tenant is known: every
         // answer below (success or refusal, with its reason) is counted under its tenant.
         .layer(metrics::Layer(state.metrics.clone()))

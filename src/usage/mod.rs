@@ -29,7 +29,7 @@ use bytes::Bytes;
 use http_body::{Body as HttpBody, Frame, SizeHint};
 
 use crate::admission::ActualTokens;
-use crate::domain::{Tokens, Weight};
+use crate::domain::Weight;
 use crate::estimate::{Encoding, Endpoint, Estimate, Estimator, OutputKey, INLINE_MAX_BYTES};
 use crate::queue::Permit;
 use crate::response::{BoxError, ResponseBody};
@@ -228,7 +228,7 @@ fn reconcile(
     let actual = l.estimator.actual_cost(input, output, l.model_weight);
     l.permit.set_actual(actual);
     if let Some(a) = &l.actual_tokens {
-        a.set(Tokens(input.saturating_add(output)));
+        a.set(input, output);
     }
     if l.endpoint != Endpoint::Embeddings {
         l.estimator.record_output(&l.key, output);
