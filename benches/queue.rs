@@ -15,7 +15,9 @@ use fairgate::queue::{CostInputs, FairQueue, QueueSettings, TenantSettings};
 use fairgate::scheduler::{self, Class};
 
 fn queue(tenants: usize) -> (Arc<FairQueue>, Vec<TenantId>) {
-    let ids: Vec<_> = (0..tenants).map(|i| TenantId::new(format!("t{i}"))).collect();
+    let ids: Vec<_> = (0..tenants)
+        .map(|i| TenantId::new(format!("t{i}")))
+        .collect();
     let specs: Vec<_> = ids
         .iter()
         .map(|id| {
