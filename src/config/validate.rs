@@ -118,6 +118,9 @@ pub fn validate(c: &Config) -> Result<(), ConfigError> {
         return Err(invalid("server.max_body_bytes", "must be > 0"));
     }
     validate_estimate(c)?;
+    if let Some(cluster) = &c.cluster {
+        super::cluster::validate(cluster)?;
+    }
     let s = &c.scheduler;
     if s.quantum == 0 {
         return Err(invalid("scheduler.quantum", "must be > 0"));
