@@ -149,7 +149,7 @@ where
             // 3. Rate limits.
             let limited = adm.store.limited(&tenant);
             let state = if limited {
-                match adm.store.admit(&tenant, est.total) {
+                match adm.store.admit_shared(&tenant, est.total).await {
                     Ok(state) => Some(state),
                     Err(refusal) => return Err(refused(refusal).into()),
                 }

@@ -100,6 +100,15 @@ pub trait RateStore: Send + Sync + 'static {
     fn limited(&self, tenant: &TenantId) -> bool;
     /// Admits one request estimated at `cost` (charging both buckets), or says why not.
     fn admit(&self, tenant: &TenantId, cost: Tokens) -> Result<RateState, Refusal>;
+    /// Admits one request, asking a shared store (Redis, `cluster`) when there is one; the
+    /// in-memory store answers at once with [`RateStore::admit`].
+    fn admit_shared<'a>(
+        &'a self,
+        tenant: &'a TenantId,
+        cost: Tokens,
+    ) -> futures_util::future::BoxFuture<'a, Result<RateState, Refusal>> {
+        Box::pin(std::future::ready(self.admit(tenant, cost)))
+    }
     /// Moves `delta` tokens into the tenant's ledger (credit > 0, debt < 0).
     fn adjust(&self, tenant: &TenantId, delta: i64);
     /// Settles an admission: credits an over-estimate back, debits an under-estimate.
