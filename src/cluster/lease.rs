@@ -8,11 +8,12 @@
 //! slots) with no Redis call on the request path. One script call ([`LEASE_SYNC`]) per gate
 //! round does everything at once: drop expired leases, release idle ones, renew all held ones,
 //! grant new ones. Rounds run when demand changes (coalesced: at most one call in flight per
-//! pool), every third of the lease TTL to renew, and every 10 ms while the replica waits for
-//! slots or other replicas wait for ours. Why blocks: a request then costs at most the one
-//! round trip that leases a slot for it when the replica held none spare (zero when it did), a
-//! burst of k arrivals costs one round trip, not k, and renewal is one call per tick however
-//! many streams run — instead of ≥ 3 calls (acquire, renew…, release) per request.
+//! pool), every third of the lease TTL to renew, and every 10 ms while the replica has queued
+//! work or waits for slots or knows others wait (so a replica holding more than its share hears
+//! of waiters within 10 ms, not at its next renewal). Why blocks: a request then costs at most
+//! the one round trip that leases a slot for it when the replica held none spare (zero when it
+//! did), a burst of k arrivals costs one round trip, not k, and renewal is one call per tick
+//! however many streams run — instead of ≥ 3 calls (acquire, renew…, release) per request.
 //!
 //! Invariants:
 //! - Leased slots across replicas ≤ the pool limit (the grant checks the set's size after
@@ -45,6 +46,8 @@ use super::scripts::LEASE_SYNC;
 use crate::admission::capacity::PoolCapacity;
 use crate::queue::FairQueue;
 
+/// Round cadence while this or another replica waits for slots.
+const CONTENTION_TICK: Duration = Duration::from_millis(10);
 /// Most leases asked for or given back in one round.
 const BATCH: usize = 256;
 /// Abandoned lease ids remembered for release after an outage.
@@ -144,12 +147,15 @@ impl LeaseGate {
         let mut last = tokio::time::Instant::now();
         let mut stopping = false;
         loop {
+            // A replica with queued work may hold more than its share while others wait: it
+            // must hear of them within one contention tick, not at its next renewal.
+            let saturated = self.queue.load().0 > 0;
             let urgent = {
                 let st = self.lock();
-                st.unmet || st.others > 0 || self.link.degraded()
+                st.unmet || st.others > 0 || saturated || self.link.degraded()
             };
             let wait = if urgent {
-                Duration::from_millis(10)
+                CONTENTION_TICK
             } else {
                 renew.saturating_sub(last.elapsed())
             };
@@ -166,7 +172,8 @@ impl LeaseGate {
                 self.round(true).await;
                 return;
             }
-            if self.round(last.elapsed() >= renew).await {
+            let due = last.elapsed() >= renew || (urgent && last.elapsed() >= CONTENTION_TICK);
+            if self.round(due).await {
                 last = tokio::time::Instant::now();
             }
         }
