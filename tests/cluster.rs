@@ -474,3 +474,84 @@ async fn e_a_dead_replicas_slots_come_back_within_the_ttl() {
     }
     let _: () = redis::cmd("PING").query_async(&mut conn).await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c_noisy_neighbor_small_tenant_waits_about_one_service_time() {
+    let Some(redis) = Redis::start() else { return };
+    let mock = slow_mock(30).await;
+    let tenants = [("noisy", 1.0, ""), ("small", 1.0, "")];
+    let rs = replicas(|i| replica_config(&redis, &mock.base_url(), i, 6, 1024, &tenants)).await;
+    // The noisy tenant floods every replica; completions are counted per replica.
+    let done: Arc<Vec<std::sync::atomic::AtomicUsize>> =
+        Arc::new((0..3).map(|_| Default::default()).collect());
+    let mut flood = Vec::new();
+    for i in 0..150 {
+        let (addr, done) = (rs[i % 3].addr, done.clone());
+        flood.push(tokio::spawn(async move {
+            assert_eq!(chat(addr, "noisy", 8, &[]).await, 200);
+            done[i % 3].fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }));
+    }
+    assert!(eventually(|| rs.iter().map(|r| r.pools[0].load().0).sum::<usize>() >= 120).await);
+    let before = done[1].load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(chat(rs[1].addr, "small", 8, &[]).await, 200);
+    let ahead = done[1].load(std::sync::atomic::Ordering::SeqCst) - before;
+    let queued = rs[1].pools[0].load().0;
+    eprintln!(
+        "noisy requests finished on the small tenant's replica while it waited: {ahead} \
+         ({queued} still queued there)"
+    );
+    // Its replica holds about two slots: the small request takes the next free one.
+    assert!(ahead <= 4, "{ahead} noisy requests went first");
+    for f in flood {
+        f.await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f_service_elsewhere_is_charged_here() {
+    let Some(redis) = Redis::start() else { return };
+    let mock = slow_mock(15).await;
+    let tenants = [("heavy", 1.0, ""), ("light", 1.0, "")];
+    let rs = replicas(|i| replica_config(&redis, &mock.base_url(), i, 6, 64, &tenants)).await;
+    // Heavy floods all three replicas, light only replica 0. Per replica, light would get half
+    // of replica 0 (1/6 of the pool); charged for what heavy gets on replicas 1 and 2, heavy
+    // yields replica 0 to light (about 1/3 of the pool: replica 0's share of the slots).
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let pools: Vec<_> = rs.iter().map(|r| r.pools[0].clone()).collect();
+    let mut tasks = Vec::new();
+    for i in 0..600 {
+        let (tenant, addr) = if i % 4 == 3 {
+            ("light", rs[0].addr)
+        } else {
+            ("heavy", rs[i % 3].addr)
+        };
+        let (order, pools) = (order.clone(), pools.clone());
+        tasks.push(tokio::spawn(async move {
+            assert_eq!(chat(addr, tenant, 16, &[]).await, 200);
+            let q = |p: &fairgate::queue::FairQueue, t: &str| {
+                p.tenant_load(&fairgate::domain::TenantId::new(t))
+                    .unwrap()
+                    .0
+            };
+            let both = q(&pools[0], "light") > 0 && pools.iter().all(|p| q(p, "heavy") > 0);
+            order.lock().unwrap().push((tenant, both));
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let order = order.lock().unwrap();
+    let window: Vec<_> = order.iter().filter(|(_, both)| *both).collect();
+    let light = window.iter().filter(|(t, _)| *t == "light").count() as f64;
+    let share = light / window.len().max(1) as f64;
+    eprintln!(
+        "light's share of the pool while both backlogged: {share:.3} over {} completions",
+        window.len()
+    );
+    assert!(window.len() >= 100, "window too short: {}", window.len());
+    assert!(
+        (0.27..=0.40).contains(&share),
+        "light got {share:.3}; per-replica fairness alone gives ~0.167, replica 0's slots 1/3"
+    );
+}
