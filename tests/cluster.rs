@@ -5,7 +5,9 @@
 //! 3:1 are served 3:1 within 5% with every tenant's requests spread round-robin over the
 //! replicas; (d) Redis killed mid-run: no request lost or hung, the degraded gauge goes to 1,
 //! overshoot bounded by the local allowance, recovery after a restart; (e) a replica killed
-//! while holding leases: its slots come back within the lease TTL.
+//! while holding leases: its slots come back within the lease TTL; (c) noisy neighbor; (f) a
+//! tenant's service on other replicas is charged on this one; (g) a request rate limit holds
+//! across replicas.
 //!
 //! Without `redis-server` on PATH the tests are skipped with a message — unless `CI` is set,
 //! where a missing binary fails them. Loops are bounded; no assertion is on wall-clock time.
@@ -554,4 +556,37 @@ async fn f_service_elsewhere_is_charged_here() {
         (0.27..=0.40).contains(&share),
         "light got {share:.3}; per-replica fairness alone gives ~0.167, replica 0's slots 1/3"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g_rate_limits_hold_across_replicas() {
+    let Some(redis) = Redis::start() else { return };
+    let mock = slow_mock(0).await;
+    let tenants = [("a", 1.0, "requests_per_minute = 10")];
+    let rs = replicas(|i| replica_config(&redis, &mock.base_url(), i, 6, 1024, &tenants)).await;
+    // 30 requests spread over three replicas against a shared bucket of 10 (one minute's worth):
+    // 10 pass, not 30 (each replica counting alone would let all of them through).
+    let mut ok = 0;
+    let mut limited = 0;
+    for i in 0..30 {
+        let r = send(post(
+            rs[i % 3].addr,
+            "/v1/chat/completions",
+            Some("key-a"),
+            &body(8),
+            &[],
+        ))
+        .await;
+        match r.status {
+            200 => ok += 1,
+            429 => {
+                assert_eq!(r.headers["x-fairgate-limit"], "tenant");
+                limited += 1;
+            }
+            s => panic!("unexpected status {s}"),
+        }
+    }
+    eprintln!("requests_per_minute = 10 over 3 replicas: {ok} admitted, {limited} limited");
+    // One cell may refill during the run (one every 6 s).
+    assert!((10..=11).contains(&ok), "{ok} admitted");
 }
