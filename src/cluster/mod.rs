@@ -64,11 +64,14 @@ fn replica_id(cfg: &ClusterConfig) -> String {
     })
 }
 
+/// The Redis link and the shared rate store built on it.
+pub type Linked = (Arc<Link>, Arc<RedisStore>);
+
 /// The link and the shared rate store, before admission is built (`None`: no `[cluster]`).
 pub fn connect(
     config: &Config,
     degraded_gauge: metrics::Gauge,
-) -> Result<Option<(Arc<Link>, Arc<RedisStore>)>, ConfigError> {
+) -> Result<Option<Linked>, ConfigError> {
     let Some(cfg) = &config.cluster else {
         return Ok(None);
     };
