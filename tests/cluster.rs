@@ -503,8 +503,10 @@ async fn c_noisy_neighbor_small_tenant_waits_about_one_service_time() {
         "noisy requests finished on the small tenant's replica while it waited: {ahead} \
          ({queued} still queued there)"
     );
-    // Its replica holds about two slots: the small request takes the next free one.
-    assert!(ahead <= 4, "{ahead} noisy requests went first");
+    // Its replica holds about two slots: the small request takes the next free one, so only
+    // what was in flight plus what the other slot finishes during its own service go first
+    // (slack for a loaded machine); behind the flood (FIFO) it would be all ~45 queued there.
+    assert!(ahead <= 8, "{ahead} noisy requests went first");
     for f in flood {
         f.await.unwrap();
     }
