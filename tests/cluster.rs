@@ -98,6 +98,10 @@ impl Drop for Redis {
 }
 
 /// One replica's config: pool `mock` of `capacity` slots, tenants `(id, weight, extra)`.
+/// `timeout_ms` is 500, not the default 100: seven tests × three replicas share two cores, and a
+/// Redis call slower than the timeout puts a replica in degraded mode, whose local allowance
+/// comes on top of the others' leases (measured: 8 in flight for a limit of 6 with 100 ms).
+/// A dead Redis is still noticed at once (connection refused).
 fn replica_config(
     redis: &Redis,
     base_url: &str,
@@ -117,7 +121,7 @@ fn replica_config(
     }
     s += &format!(
         "[cluster]\nredis_url = \"{}\"\nlease_ttl_ms = 1500\nexpected_replicas = 3\n\
-         timeout_ms = 100\nsync_interval_ms = 50\nreplica_id = \"r{replica}\"\n",
+         timeout_ms = 500\nsync_interval_ms = 50\nreplica_id = \"r{replica}\"\n",
         redis.url()
     );
     s
