@@ -11,6 +11,7 @@ pub mod admin;
 pub mod admission;
 pub mod body;
 pub mod cli;
+pub mod cluster;
 pub mod config;
 pub mod demo;
 pub mod domain;

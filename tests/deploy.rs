@@ -1,5 +1,6 @@
 //! The files in `deploy/` stay in step with the code: the Kubernetes example's config validates,
-//! and the Grafana dashboard is valid JSON that queries the metric families of the contract.
+//! the Grafana dashboard is valid JSON that queries the metric families of the contract, and the
+//! cluster example (three replicas + Redis) mounts a config that validates.
 
 use fairgate::config::Config;
 
@@ -47,4 +48,15 @@ fn grafana_dashboard_queries_the_contract_families() {
     ] {
         assert!(text.contains(family), "dashboard lacks {family}");
     }
+}
+
+#[test]
+fn cluster_example_config_is_valid_and_the_compose_file_mounts_it() {
+    let config =
+        Config::load("deploy/cluster/fairgate.toml").expect("the cluster config validates");
+    let cluster = config.cluster.expect("cluster mode is on");
+    assert_eq!(cluster.redis_url, "redis://redis:6379");
+    let compose = std::fs::read_to_string("deploy/cluster/compose.yaml").unwrap();
+    assert!(compose.contains("./fairgate.toml:/etc/fairgate/config.toml"));
+    assert_eq!(compose.matches("<<: *replica").count(), 3, "three replicas");
 }

@@ -152,7 +152,7 @@ where
             let limited = adm.store.limited(&tenant);
             if limited {
                 let slot = ext.get::<RateSlot>().cloned().unwrap_or_default();
-                match adm.store.admit(&tenant, est.charge()) {
+                match adm.store.admit_shared(&tenant, est.charge()).await {
                     Ok(state) => slot.set(state),
                     Err(refusal) => {
                         if let Some(state) = refusal.state() {

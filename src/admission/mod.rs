@@ -125,8 +125,20 @@ impl std::fmt::Debug for Admission {
 impl Admission {
     /// Limits of every tenant, one capacity controller per pool, the in-memory store.
     pub fn new(config: &Config, pools: Arc<[Arc<FairQueue>]>) -> Arc<Self> {
+        Self::with_store(config, pools, None)
+    }
+
+    /// As [`Admission::new`], with a shared rate store (cluster mode) instead of the
+    /// in-memory one when `store` is given.
+    pub fn with_store(
+        config: &Config,
+        pools: Arc<[Arc<FairQueue>]>,
+        store: Option<Arc<dyn RateStore>>,
+    ) -> Arc<Self> {
         let limits = limits_of(config);
-        let store = Arc::new(MemoryStore::new(limits.iter().map(|(k, v)| (k.clone(), v))));
+        let store = store.unwrap_or_else(|| {
+            Arc::new(MemoryStore::new(limits.iter().map(|(k, v)| (k.clone(), v))))
+        });
         let reserved = u32::try_from(config.scheduler.reserved_slots).unwrap_or(u32::MAX);
         let capacity = config
             .upstreams

@@ -167,6 +167,15 @@ pub trait RateStore: Send + Sync + 'static {
     fn state(&self, tenant: &TenantId) -> RateState;
     /// Admits one request estimated at `cost` (charging every bucket), or says why not.
     fn admit(&self, tenant: &TenantId, cost: Charge) -> Result<RateState, Refusal>;
+    /// Admits one request, asking a shared store (Redis, `cluster`) when there is one; the
+    /// in-memory store answers at once with [`RateStore::admit`].
+    fn admit_shared<'a>(
+        &'a self,
+        tenant: &'a TenantId,
+        cost: Charge,
+    ) -> futures_util::future::BoxFuture<'a, Result<RateState, Refusal>> {
+        Box::pin(std::future::ready(self.admit(tenant, cost)))
+    }
     /// Moves `input` and `output` tokens into the tenant's ledgers (credit > 0, debt < 0); the
     /// all-tokens ledger gets their sum.
     fn adjust(&self, tenant: &TenantId, input: i64, output: i64);

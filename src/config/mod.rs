@@ -6,12 +6,14 @@
 //! exist, URLs are http(s), digests are 64 hex chars). Environment variables are read only by
 //! [`Config::check_env`], at startup.
 
+mod cluster;
 mod observe;
 mod schema;
 mod validate;
 
 use std::path::{Path, PathBuf};
 
+pub use cluster::ClusterConfig;
 pub use observe::{AdminConfig, LogConfig, LogFormat, MetricsConfig};
 pub use schema::*;
 pub use validate::validate;

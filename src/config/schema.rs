@@ -47,6 +47,10 @@ pub struct Config {
     /// `[admin]`: the admin API.
     #[serde(default)]
     pub admin: super::AdminConfig,
+    /// `[cluster]`: share capacity, fairness and rate limits with other replicas through Redis
+    /// (absent: a single process).
+    #[serde(default)]
+    pub cluster: Option<super::ClusterConfig>,
 }
 
 /// `[estimate]`: cost = (input × input_weight + output × output_weight + tool_call_tokens ×

@@ -126,6 +126,24 @@ pub fn validate(c: &Config) -> Result<(), ConfigError> {
         return Err(invalid("server.max_body_bytes", "must be > 0"));
     }
     validate_estimate(c)?;
+    if let Some(cluster) = &c.cluster {
+        super::cluster::validate(cluster)?;
+        // The shared (Redis) rate store keeps the request and all-tokens buckets only.
+        for (i, t) in c.tenants.iter().enumerate() {
+            let l = t.effective_limits(c);
+            for (name, v) in [
+                ("input_tokens_per_minute", l.input_tokens_per_minute),
+                ("output_tokens_per_minute", l.output_tokens_per_minute),
+            ] {
+                if v.is_some() {
+                    return Err(invalid(
+                        format!("tenants[{i}].{name}"),
+                        "not available with [cluster] yet (use tokens_per_minute)",
+                    ));
+                }
+            }
+        }
+    }
     let s = &c.scheduler;
     if s.quantum == 0 {
         return Err(invalid("scheduler.quantum", "must be > 0"));
@@ -295,6 +313,21 @@ base_url = "http://127.0.0.1:9000/v1"
         let e = err("[[tenants]]\nid = \"a\"\napi_keys = [\"k\"]\nwieght = 2.0\n");
         assert!(e.starts_with("tenants[0].wieght"), "{e}");
         assert!(e.contains("unknown field"), "{e}");
+    }
+
+    #[test]
+    fn split_token_budgets_are_refused_in_cluster_mode() {
+        let cluster = "[cluster]\nredis_url = \"redis://127.0.0.1:6379\"\n";
+        let e = err(&format!(
+            "{cluster}[plans.p]\noutput_tokens_per_minute = 80\n\
+             [[tenants]]\nid = \"a\"\napi_keys = [\"k\"]\nplan = \"p\"\n"
+        ));
+        assert!(e.starts_with("tenants[0].output_tokens_per_minute"), "{e}");
+        assert!(e.contains("[cluster]"), "{e}");
+        let ok = format!(
+            "{BASE}{cluster}[[tenants]]\nid = \"a\"\napi_keys = [\"k\"]\ntokens_per_minute = 80\n"
+        );
+        assert!(Config::from_toml_str(&ok).is_ok());
     }
 
     #[test]

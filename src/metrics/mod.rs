@@ -186,6 +186,12 @@ impl Metrics {
             .map_or(0, |c| c.total.load(Ordering::Relaxed))
     }
 
+    /// A gauge without labels in this registry (e.g. `fairgate_cluster_degraded`), set by its
+    /// owner rather than at scrape time.
+    pub fn plain_gauge(&self, name: &'static str) -> Gauge {
+        self.recorder.register_gauge(&Key::from_name(name), &META)
+    }
+
     fn gauge(&self, name: &'static str, key: &'static str, value: SharedString) -> Gauge {
         let key = Key::from_parts(name, vec![Label::new(key, value)]);
         self.recorder.register_gauge(&key, &META)

@@ -71,6 +71,19 @@ pub(super) struct Inner {
     service_s: f64,
     /// The configured class weights (batch is scaled down from these when degraded).
     class_weights: (Weight, Weight),
+    /// The capacity set by `set_capacity` (configured, or learned from the upstream).
+    local_capacity: u32,
+    /// Cluster mode: slots this replica holds leases for (the scheduler gets the minimum).
+    cluster_slots: Option<u32>,
+    /// Cluster mode: wakes the lease gate on demand changes, and counts served tokens.
+    hook: Option<ClusterHook>,
+}
+
+/// What cluster mode attaches to a queue (see `cluster`): off in a single process.
+struct ClusterHook {
+    demand: Arc<tokio::sync::Notify>,
+    /// Tokens served (reconciled) per tenant key since the last `take_served`.
+    served: Vec<u64>,
 }
 
 /// What a wait prediction needs from a pool, read under one lock (see `admission::deadline`).
@@ -100,6 +113,7 @@ impl FairQueue {
     /// A queue for one pool with these tenants.
     pub fn new(settings: QueueSettings, tenants: &[(TenantId, TenantSettings)]) -> Arc<Self> {
         let class_weights = settings.scheduler.class_weights;
+        let local_capacity = settings.scheduler.capacity;
         let mut sched = Scheduler::new(settings.scheduler);
         for (id, spec) in tenants {
             sched.upsert_tenant(id.clone(), spec.clone());
@@ -110,6 +124,9 @@ impl FairQueue {
                 estimator: settings.estimator,
                 service_s: 1.0,
                 class_weights,
+                local_capacity,
+                cluster_slots: None,
+                hook: None,
             }),
             epoch: Instant::now(),
         })
@@ -145,6 +162,9 @@ impl FairQueue {
                 .sched
                 .enqueue(self.now(), key, class, recovery, Waiter { tx, cost })
                 .map_err(|full| inner.full_error(full))?;
+            if let Some(h) = &inner.hook {
+                h.demand.notify_one();
+            }
             (ticket, self.pump(&mut inner))
         };
         drop(failed);
@@ -185,17 +205,25 @@ impl FairQueue {
                 inner.sched.reconcile(slot, actual);
             }
             inner.sched.complete(slot);
+            if let Some(h) = &mut inner.hook {
+                if let Some(s) = h.served.get_mut(slot.tenant.idx()) {
+                    *s = s.saturating_add(actual.unwrap_or(slot.cost).0);
+                }
+                h.demand.notify_one();
+            }
             inner.service_s = 0.9 * inner.service_s + 0.1 * held.as_secs_f64();
             self.pump(&mut inner)
         };
         drop(failed);
     }
 
-    /// Sets the pool's effective capacity (learned from upstream overload answers).
+    /// Sets the pool's effective capacity (learned from upstream overload answers). In cluster
+    /// mode the scheduler gets the minimum of this and the slots leased (`set_cluster_slots`).
     pub fn set_capacity(self: &Arc<Self>, capacity: u32) {
         let failed = {
             let mut inner = self.lock();
-            inner.sched.set_capacity(capacity);
+            inner.local_capacity = capacity;
+            inner.apply_capacity();
             self.pump(&mut inner)
         };
         drop(failed);
@@ -219,9 +247,93 @@ impl FairQueue {
             for (id, spec) in tenants {
                 inner.sched.upsert_tenant(id.clone(), spec.clone());
             }
+            // Cluster mode: count the service of tenants added by the reload too.
+            let known = inner.sched.snapshot().len();
+            if let Some(h) = &mut inner.hook {
+                h.served.resize(known, 0);
+            }
             self.pump(&mut inner)
         };
         drop(failed);
+    }
+
+    /// The capacity last set by `set_capacity` (before any cluster lease limit).
+    pub fn local_capacity(&self) -> u32 {
+        self.lock().local_capacity
+    }
+
+    /// Cluster mode: the slots this replica holds leases for (`None`: no cluster limit).
+    pub fn set_cluster_slots(self: &Arc<Self>, slots: Option<u32>) {
+        let failed = {
+            let mut inner = self.lock();
+            if inner.cluster_slots == slots {
+                return;
+            }
+            inner.cluster_slots = slots;
+            inner.apply_capacity();
+            self.pump(&mut inner)
+        };
+        drop(failed);
+    }
+
+    /// Cluster mode: before giving leases back, atomically lowers the cluster slots to
+    /// `min(max(target, in flight), held)` (never below what is in flight, so no request
+    /// dispatched meanwhile runs on a lease being released), capped at `cap` for dispatch.
+    /// Returns the number of leases to keep.
+    pub fn keep_cluster_slots(self: &Arc<Self>, target: u32, held: u32, cap: u32) -> u32 {
+        let (keep, failed) = {
+            let mut inner = self.lock();
+            let keep = target.max(inner.sched.in_flight()).min(held);
+            inner.cluster_slots = Some(keep.min(cap));
+            inner.apply_capacity();
+            (keep, self.pump(&mut inner))
+        };
+        drop(failed);
+        keep
+    }
+
+    /// Cluster mode: `demand` is notified whenever a request is queued or a permit returns, and
+    /// served tokens are counted per tenant (see [`FairQueue::take_served`]).
+    pub fn attach_cluster(&self, demand: Arc<tokio::sync::Notify>) {
+        let mut inner = self.lock();
+        let tenants = inner.sched.snapshot().len();
+        inner.hook = Some(ClusterHook {
+            demand,
+            served: vec![0; tenants],
+        });
+    }
+
+    /// Cluster mode: tokens served per tenant (reconciled, else as charged) since the last call,
+    /// with the tenant's weight; tenants with nothing served are left out.
+    pub fn take_served(&self) -> Vec<(TenantId, Weight, u64)> {
+        let mut inner = self.lock();
+        let Inner { sched, hook, .. } = &mut *inner;
+        let Some(h) = hook else {
+            return Vec::new();
+        };
+        let snapshot = sched.snapshot();
+        h.served
+            .iter_mut()
+            .zip(snapshot)
+            .filter(|(s, _)| **s > 0)
+            .map(|(s, t)| (t.id, t.weight, std::mem::take(s)))
+            .collect()
+    }
+
+    /// Cluster mode: charges `tenant` for `tokens` it was served on other replicas, as debt to
+    /// its DRR credit — only while it has work here (an idle tenant returns as usual, with at
+    /// most zero credit). Returns whether it was charged.
+    pub fn charge_remote(&self, tenant: &TenantId, tokens: Tokens) -> bool {
+        let mut inner = self.lock();
+        let Some(key) = inner.sched.tenant_key(tenant) else {
+            return false;
+        };
+        let (queued, in_flight) = inner.sched.tenant_load(key);
+        if queued == 0 && in_flight == 0 {
+            return false;
+        }
+        inner.sched.charge(key, tokens);
+        true
     }
 
     /// Scales the batch class's share by `fraction` (0–1] of its configured weight: batch is
@@ -294,6 +406,13 @@ impl std::fmt::Debug for FairQueue {
 }
 
 impl Inner {
+    fn apply_capacity(&mut self) {
+        let cap = self
+            .local_capacity
+            .min(self.cluster_slots.unwrap_or(u32::MAX));
+        self.sched.set_capacity(cap);
+    }
+
     /// A queue-full error with an honest Retry-After: the time the pool needs to serve what is
     /// queued ahead at its recent rate (queued × mean service time / capacity), at least 1 s.
     fn full_error(&self, full: QueueFull) -> QueueError {

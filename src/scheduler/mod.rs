@@ -413,6 +413,17 @@ impl<T> Scheduler<T> {
         self.lanes[slot.lane.index()].adjust(slot.tenant, adj);
     }
 
+    /// Charges a tenant `tokens` of service it received elsewhere (another replica, see
+    /// `cluster`): debt in the lane it has queued work in (interactive first), applied like an
+    /// under-estimate at its next visit.
+    pub fn charge(&mut self, k: TenantKey, tokens: Tokens) {
+        let lane = [Lane::Interactive, Lane::Batch]
+            .into_iter()
+            .find(|&l| self.lanes[l.index()].tenant_queued(k) > 0)
+            .unwrap_or(Lane::Interactive);
+        self.lanes[lane.index()].adjust(k, -tokens.signed());
+    }
+
     /// Requests in flight in the pool.
     pub fn in_flight(&self) -> u32 {
         self.in_flight

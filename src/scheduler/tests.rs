@@ -454,3 +454,28 @@ fn snapshot_reports_queued_in_flight_weight_and_oldest() {
     );
     s.complete(g.slot);
 }
+
+#[test]
+fn a_newcomer_goes_next_even_when_the_backlogged_tenant_is_charged_debt_from_elsewhere() {
+    // Cluster mode charges a backlogged tenant for service it got on other replicas, while its
+    // requests here complete; a newcomer must still take the next free slot.
+    let mut s = sched(Policy::Drr, 64, 2);
+    let k = add(&mut s, 2, 1.0, None);
+    for _ in 0..50 {
+        push(&mut s, k[0], 33);
+    }
+    let mut in_flight: Vec<Slot> = (0..2).map(|_| next(&mut s).unwrap().slot).collect();
+    for i in 0..10u64 {
+        s.charge(k[0], Tokens(500 * 10u64.pow(i as u32)));
+        let slot = in_flight.remove(0);
+        s.reconcile(slot, Tokens(33));
+        s.complete(slot);
+        in_flight.push(next(&mut s).unwrap().slot);
+    }
+    push(&mut s, k[1], 33);
+    s.charge(k[0], Tokens(500));
+    let slot = in_flight.remove(0);
+    s.complete(slot);
+    let g = next(&mut s).unwrap();
+    assert_eq!(g.item.0, k[1].idx(), "the newcomer goes next");
+}

@@ -69,6 +69,8 @@ pub struct State {
     pub admin_token: Option<Arc<str>>,
     /// What `POST /admin/reload` calls (set by [`Live`]; `None`: reload is unavailable).
     pub reloader: Option<Weak<dyn crate::admin::Reload>>,
+    /// Cluster mode (`[cluster]`): shared capacity, fairness and rate limits.
+    pub cluster: Option<Arc<crate::cluster::Cluster>>,
 }
 
 impl State {
@@ -85,9 +87,21 @@ impl State {
         let admin_token = Self::admin_token(&config, env)?;
         let estimator = Arc::new(Estimator::new(&config.estimate, &config.models));
         let pools = queue::pools(&config, &tenants, &estimator);
-        let admission = Admission::new(&config, pools.clone());
+        let metrics = Metrics::new(&config);
+        // Cluster mode: the shared rate store replaces the in-memory one, and a lease gate per
+        // pool bounds its dispatch by the slots leased in Redis.
+        let linked =
+            crate::cluster::connect(&config, metrics.plain_gauge("fairgate_cluster_degraded"))?;
+        let store = linked
+            .as_ref()
+            .map(|(_, s)| s.clone() as Arc<dyn admission::rate::RateStore>);
+        let admission = Admission::with_store(&config, pools.clone(), store);
+        let cluster = linked.map(|(link, store)| {
+            crate::cluster::Cluster::new(link, store, &config, &pools, &admission)
+        });
         Ok(Self {
-            metrics: Metrics::new(&config),
+            cluster,
+            metrics,
             admin_token,
             admission,
             estimator,
@@ -281,6 +295,9 @@ async fn start_with(
         .timer(TokioTimer::new())
         .header_read_timeout(Duration::from_secs(30));
     let (stop, mut stopped) = watch::channel(false);
+    if let Some(cluster) = &state.cluster {
+        cluster.spawn(stop.subscribe());
+    }
     let admin_addr = match admin_listener {
         Some(l) => {
             let addr = l.local_addr()?;

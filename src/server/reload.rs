@@ -63,6 +63,16 @@ impl State {
     /// The state of `config`, carried over from this one (see the module docs), and what
     /// changed. Mutates the kept pools and capacity controllers only once nothing can fail.
     pub fn reloaded(&self, mut config: Config) -> Result<(State, Changes), ConfigError> {
+        if self.cluster.is_some() {
+            // The lease gates, the shared rate store and the service sync are built per pool
+            // and per tenant at startup; replicas are restarted one at a time instead.
+            return Err(ConfigError::Invalid {
+                key: "cluster".to_owned(),
+                message: "hot reload is not available in cluster mode: restart the replicas one \
+                          at a time (their leases are returned or expire, nothing is lost)"
+                    .to_owned(),
+            });
+        }
         let restart_required = diff::pin_restart_only(&self.config, &mut config);
         let changes = Changes {
             restart_required,
@@ -129,6 +139,7 @@ impl State {
             upstreams,
             ready: self.ready.clone(),
             reloader: self.reloader.clone(),
+            cluster: None,
         };
         Ok((state, changes))
     }

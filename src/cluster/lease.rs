@@ -1,0 +1,341 @@
+//! [`LeaseGate`]: one pool's share of the cluster-wide capacity, held as leases in Redis.
+//!
+//! The pool's slots (`max_concurrency`, or the lower learned limit shared by the replicas) are
+//! members of one Redis sorted set, `replica:lease-id` scored by expiry. A replica leases slots
+//! *in blocks*, not per request: its gate keeps the number of leases it holds at its demand
+//! (queued + in flight, capped by its local learned capacity) and sets its [`FairQueue`]'s
+//! cluster slots to that number, so the queue dispatches against min(local capacity, leased
+//! slots) with no Redis call on the request path. One script call ([`LEASE_SYNC`]) per gate
+//! round does everything at once: drop expired leases, release idle ones, renew all held ones,
+//! grant new ones. Rounds run when demand changes (coalesced: at most one call in flight per
+//! pool), every third of the lease TTL to renew, and every 10 ms while the replica has queued
+//! work or waits for slots or knows others wait (so a replica holding more than its share hears
+//! of waiters within 10 ms, not at its next renewal). Why blocks: a request then costs at most
+//! the one round trip that leases a slot for it when the replica held none spare (zero when it
+//! did), a burst of k arrivals costs one round trip, not k, and renewal is one call per tick
+//! however many streams run — instead of ≥ 3 calls (acquire, renew…, release) per request.
+//!
+//! Invariants:
+//! - Leased slots across replicas ≤ the pool limit (the grant checks the set's size after
+//!   dropping expired members), so with every replica dispatching only against its leases the
+//!   upstream never sees more than `max_concurrency` in flight — except after a stall longer
+//!   than the TTL (a replica whose leases expired under running streams learns it at the next
+//!   renewal, stops dispatching, and the overshoot is bounded by what it had in flight).
+//! - A release removes only this replica's own members; a lease that expired and was reclaimed
+//!   cannot be released twice (the count is the set's size, never a counter).
+//! - Fair between replicas: while others wait, a grant stops at ⌊limit / active replicas⌋ and a
+//!   replica above that share gives back slots as its requests complete (up to active − 1
+//!   slots may idle while every replica is contended).
+//! - A dead replica's slots come back within the TTL; a stopping one releases what it holds.
+//! - Degraded (Redis unreachable): held leases are abandoned (released at the next successful
+//!   round if still there, else expired), and the queue runs on a local allowance of
+//!   ⌈limit / expected_replicas⌉ slots; on recovery the replica leases afresh, covering its
+//!   in-flight requests first, so nothing is counted twice.
+//! - Learned limit: when this replica's learned limit (`PoolCapacity`, from upstream 429s) is
+//!   cut, it publishes the cluster's leased count scaled by the same factor as the pool's shared
+//!   limit (60 s TTL: without fresh cuts it returns to the configured size); grants use it.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use redis::Value;
+use tokio::sync::{watch, Notify};
+
+use super::link::Link;
+use super::scripts::LEASE_SYNC;
+use crate::admission::capacity::PoolCapacity;
+use crate::queue::FairQueue;
+
+/// Round cadence while this or another replica waits for slots.
+const CONTENTION_TICK: Duration = Duration::from_millis(10);
+/// Most leases asked for or given back in one round.
+const BATCH: usize = 256;
+/// Abandoned lease ids remembered for release after an outage.
+const MAX_ABANDONED: usize = 4096;
+
+#[derive(Default)]
+struct State {
+    held: Vec<u64>,
+    abandoned: Vec<u64>,
+    next_id: u64,
+    share: u32,
+    others: u32,
+    /// The limit in force at the last round (shared learned limit, else configured).
+    limit: u32,
+    /// The cluster's leased count at the last round.
+    pool_leases: u32,
+    /// The local learned limit last seen (a drop is published).
+    seen_local_limit: u32,
+    unmet: bool,
+}
+
+/// One pool's lease gate; see the module docs.
+pub struct LeaseGate {
+    link: Arc<Link>,
+    queue: Arc<FairQueue>,
+    capacity: Arc<PoolCapacity>,
+    keys: [String; 4],
+    configured: u32,
+    expected_replicas: u32,
+    ttl: Duration,
+    /// Woken by the queue when demand changes.
+    pub demand: Arc<Notify>,
+    state: Mutex<State>,
+}
+
+impl std::fmt::Debug for LeaseGate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseGate")
+            .field("pool", &self.keys[0])
+            .field("held", &self.held())
+            .finish_non_exhaustive()
+    }
+}
+
+impl LeaseGate {
+    /// A gate for pool `name` of `configured` slots; attaches itself to `queue`.
+    pub fn new(
+        link: Arc<Link>,
+        name: &str,
+        queue: Arc<FairQueue>,
+        capacity: Arc<PoolCapacity>,
+        configured: u32,
+        cfg: &crate::config::ClusterConfig,
+    ) -> Arc<Self> {
+        let key = |k: &str| link.key(&["pool", name, k]);
+        let keys = [key("leases"), key("active"), key("waiting"), key("limit")];
+        let demand = Arc::new(Notify::new());
+        queue.attach_cluster(demand.clone());
+        let gate = Arc::new(Self {
+            keys,
+            queue,
+            capacity,
+            configured,
+            expected_replicas: cfg.expected_replicas.max(1),
+            ttl: Duration::from_millis(cfg.lease_ttl_ms),
+            demand,
+            state: Mutex::new(State {
+                limit: configured,
+                seen_local_limit: configured,
+                ..State::default()
+            }),
+            link,
+        });
+        // Nothing is dispatched before the first round has leased slots.
+        gate.queue.set_cluster_slots(Some(0));
+        gate
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Leases this replica holds now.
+    pub fn held(&self) -> usize {
+        self.lock().held.len()
+    }
+
+    /// The local allowance while Redis is unreachable.
+    pub fn allowance(&self) -> u32 {
+        let limit = self.lock().limit.max(1);
+        limit.div_ceil(self.expected_replicas)
+    }
+
+    /// Runs rounds until `stop`, then (once nothing is in flight) releases every lease.
+    pub async fn run(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
+        let renew = self.ttl / 3;
+        let mut last = tokio::time::Instant::now();
+        let mut stopping = false;
+        loop {
+            // A replica with queued work may hold more than its share while others wait: it
+            // must hear of them within one contention tick, not at its next renewal.
+            let saturated = self.queue.load().0 > 0;
+            let urgent = {
+                let st = self.lock();
+                st.unmet || st.others > 0 || saturated || self.link.degraded()
+            };
+            let wait = if urgent {
+                CONTENTION_TICK
+            } else {
+                renew.saturating_sub(last.elapsed())
+            };
+            tokio::select! {
+                _ = self.demand.notified() => {}
+                _ = tokio::time::sleep(wait) => {}
+                r = stop.wait_for(|s| *s), if !stopping => {
+                    stopping = true;
+                    let _ = r;
+                }
+            }
+            let (queued, in_flight) = self.queue.load();
+            if stopping && queued == 0 && in_flight == 0 {
+                self.round(true).await;
+                return;
+            }
+            let due = last.elapsed() >= renew || (urgent && last.elapsed() >= CONTENTION_TICK);
+            if self.round(due).await {
+                last = tokio::time::Instant::now();
+            }
+        }
+    }
+
+    /// One round; `renew_due` forces a call. Returns whether a call succeeded.
+    async fn round(&self, renew_due: bool) -> bool {
+        let (queued, in_flight) = self.queue.load();
+        if self.link.degraded() && self.lock().held.is_empty() {
+            // Still degraded: keep the allowance while probing (a success re-leases).
+            self.queue.set_cluster_slots(Some(self.allowance()));
+        }
+        let local_cap = self.queue.local_capacity();
+        let local_limit = self.capacity.limit();
+        let demand = u32::try_from(queued)
+            .unwrap_or(u32::MAX)
+            .saturating_add(in_flight)
+            .min(local_cap);
+        let plan = {
+            let mut st = self.lock();
+            let mut publish = 0;
+            if local_limit < st.seen_local_limit && st.pool_leases > 0 {
+                // Cut by the same factor, from the cluster's leased count.
+                let scaled = u64::from(st.pool_leases) * u64::from(local_limit)
+                    / u64::from(st.seen_local_limit.max(1));
+                publish = u32::try_from(scaled).unwrap_or(u32::MAX).max(1);
+            }
+            st.seen_local_limit = local_limit;
+            let by_share = if st.others > 0 {
+                st.share.max(1)
+            } else {
+                u32::MAX
+            };
+            let target = demand.min(by_share);
+            let held = u32::try_from(st.held.len()).unwrap_or(u32::MAX);
+            let keep = if self.link.degraded() && held == 0 {
+                // Running on the allowance: nothing to give back, keep dispatching meanwhile.
+                0
+            } else {
+                self.queue.keep_cluster_slots(target, held, by_share) as usize
+            };
+            let target = target as usize;
+            let release: Vec<u64> = st.held.split_off(keep);
+            let release: Vec<u64> = release
+                .into_iter()
+                .chain(std::mem::take(&mut st.abandoned))
+                .take(BATCH * 4)
+                .collect();
+            let want = target.saturating_sub(st.held.len()).min(BATCH);
+            let new: Vec<u64> = (0..want as u64).map(|i| st.next_id + i).collect();
+            st.next_id += want as u64;
+            if release.is_empty() && want == 0 && publish == 0 && !renew_due {
+                self.apply(&st);
+                return false;
+            }
+            (release, st.held.clone(), new, demand, publish)
+        };
+        let (release, renew, new, demand, publish) = plan;
+        let mut inv = LEASE_SYNC.prepare_invoke();
+        for k in &self.keys {
+            inv.key(k);
+        }
+        inv.arg(&self.link.replica)
+            .arg(u64::try_from(self.ttl.as_millis()).unwrap_or(u64::MAX))
+            .arg(self.configured)
+            .arg(demand)
+            .arg(publish);
+        for ids in [&release, &renew, &new] {
+            inv.arg(ids.len());
+            for id in ids.iter() {
+                inv.arg(*id);
+            }
+        }
+        let answer: Option<Value> = self.link.run(&inv).await;
+        let mut st = self.lock();
+        let parsed = answer.as_ref().and_then(parse);
+        match parsed {
+            Some(a) => {
+                st.held.retain(|id| !a.lost.contains(id));
+                st.held.extend(a.granted.iter().copied());
+                st.unmet = st.held.len() < demand as usize && a.granted.len() < new.len();
+                st.share = a.share;
+                st.others = a.others;
+                st.limit = a.limit;
+                st.pool_leases = a.leases;
+                if !a.lost.is_empty() {
+                    tracing::warn!(
+                        pool = %self.keys[0],
+                        lost = a.lost.len(),
+                        "cluster: leases expired before renewal"
+                    );
+                }
+                self.apply(&st);
+                true
+            }
+            None => {
+                // Degraded: abandon what we held (released at the next successful round if it
+                // is still there) and run on the local allowance.
+                let mut gone = std::mem::take(&mut st.held);
+                gone.extend(release);
+                gone.extend(new);
+                st.abandoned.extend(gone);
+                let excess = st.abandoned.len().saturating_sub(MAX_ABANDONED);
+                st.abandoned.drain(..excess);
+                st.unmet = false;
+                st.others = 0;
+                drop(st);
+                self.queue.set_cluster_slots(Some(self.allowance()));
+                false
+            }
+        }
+    }
+
+    fn apply(&self, st: &State) {
+        if self.link.degraded() {
+            return;
+        }
+        let by_share = if st.others > 0 {
+            st.share.max(1)
+        } else {
+            u32::MAX
+        };
+        let slots = u32::try_from(st.held.len())
+            .unwrap_or(u32::MAX)
+            .min(by_share);
+        self.queue.set_cluster_slots(Some(slots));
+    }
+}
+
+struct Answer {
+    granted: Vec<u64>,
+    lost: Vec<u64>,
+    share: u32,
+    others: u32,
+    limit: u32,
+    leases: u32,
+}
+
+fn parse(v: &Value) -> Option<Answer> {
+    let Value::Array(items) = v else {
+        return None;
+    };
+    let ids = |v: &Value| -> Option<Vec<u64>> {
+        match v {
+            Value::Array(xs) => xs
+                .iter()
+                .map(|x| redis::from_redis_value_ref(x).ok())
+                .collect(),
+            _ => None,
+        }
+    };
+    let num = |v: &Value| -> Option<u32> {
+        redis::from_redis_value_ref::<i64>(v)
+            .ok()
+            .map(|n| u32::try_from(n.max(0)).unwrap_or(u32::MAX))
+    };
+    Some(Answer {
+        granted: ids(items.first()?)?,
+        lost: ids(items.get(1)?)?,
+        share: num(items.get(2)?)?,
+        others: num(items.get(3)?)?,
+        limit: num(items.get(4)?)?,
+        leases: num(items.get(5)?)?,
+    })
+}

@@ -1,0 +1,135 @@
+//! [`Link`]: this replica's connection to Redis (the redis crate's `ConnectionManager`, which
+//! reconnects by itself) with a hard timeout on every call, and the degraded-mode flag.
+//!
+//! Invariants: no call waits longer than `timeout_ms` (connect or response); a call that fails
+//! for lack of Redis (I/O, timeout, refused, dropped) puts the replica in degraded mode —
+//! `fairgate_cluster_degraded` = 1 and one `error` log line on entering — and the first call
+//! that succeeds again leaves it (`info` line, gauge 0) and bumps [`Link::epoch`], by which every
+//! component knows to rejoin from fresh state (no lease, no service baseline is carried over).
+//! A Redis *answer* that is an error (a script bug) is logged and fails that call only.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{ErrorKind, FromRedisValue, RedisError, ScriptInvocation};
+
+/// The connection, its timeout and the degraded flag; see the module docs.
+pub struct Link {
+    conn: ConnectionManager,
+    timeout: Duration,
+    degraded: AtomicBool,
+    epoch: AtomicU64,
+    gauge: metrics::Gauge,
+    /// This replica's id (member prefix of its leases).
+    pub replica: String,
+    /// Prefix of every key.
+    pub prefix: String,
+}
+
+impl std::fmt::Debug for Link {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Link")
+            .field("replica", &self.replica)
+            .field("degraded", &self.degraded())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why the link could not be set up.
+#[derive(Debug, thiserror::Error)]
+#[error("cluster.redis_url: {0}")]
+pub struct LinkError(#[from] pub RedisError);
+
+impl Link {
+    /// A lazy connection (nothing is dialled until the first call, so a replica starts even
+    /// while Redis is down — degraded). Must run inside a tokio runtime.
+    pub fn new(
+        cfg: &crate::config::ClusterConfig,
+        replica: String,
+        gauge: metrics::Gauge,
+    ) -> Result<Self, LinkError> {
+        let client = redis::Client::open(cfg.redis_url.as_str())?;
+        let timeout = Duration::from_millis(cfg.timeout_ms);
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(timeout))
+            .set_response_timeout(Some(timeout))
+            .set_number_of_retries(1)
+            .set_min_delay(Duration::from_millis(20))
+            .set_max_delay(Duration::from_millis(200));
+        let conn = ConnectionManager::new_lazy_with_config(client, config)?;
+        gauge.set(0.0);
+        Ok(Self {
+            conn,
+            timeout,
+            degraded: AtomicBool::new(false),
+            epoch: AtomicU64::new(0),
+            gauge,
+            replica,
+            prefix: cfg.key_prefix.clone(),
+        })
+    }
+
+    /// A key under the configured prefix.
+    pub fn key(&self, parts: &[&str]) -> String {
+        let mut k = self.prefix.clone();
+        for p in parts {
+            k.push(':');
+            k.push_str(p);
+        }
+        k
+    }
+
+    /// Runs a script invocation within the timeout. `None`: failed (see the module docs).
+    pub async fn run<T: FromRedisValue>(&self, inv: &ScriptInvocation<'_>) -> Option<T> {
+        let mut conn = self.conn.clone();
+        match tokio::time::timeout(self.timeout, inv.invoke_async::<T>(&mut conn)).await {
+            Ok(Ok(v)) => {
+                self.up();
+                Some(v)
+            }
+            Ok(Err(e)) if matches!(e.kind(), ErrorKind::Server(_)) && !e.is_timeout() => {
+                tracing::warn!(error = %e, "cluster: Redis refused a script call");
+                None
+            }
+            Ok(Err(e)) => {
+                self.down(&e.to_string());
+                None
+            }
+            Err(_) => {
+                self.down("timed out");
+                None
+            }
+        }
+    }
+
+    /// Whether Redis is currently unreachable.
+    pub fn degraded(&self) -> bool {
+        self.degraded.load(Ordering::Acquire)
+    }
+
+    /// Bumped at every recovery: state from before it must not be reused.
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Acquire)
+    }
+
+    fn down(&self, why: &str) {
+        if !self.degraded.swap(true, Ordering::AcqRel) {
+            self.gauge.set(1.0);
+            tracing::error!(
+                replica = %self.replica,
+                error = why,
+                "cluster: Redis unreachable, degraded mode (local allowance for capacity and \
+                 request rates, token budgets closed)"
+            );
+        }
+    }
+
+    fn up(&self) {
+        if self.degraded.swap(false, Ordering::AcqRel) {
+            self.epoch.fetch_add(1, Ordering::AcqRel);
+            self.gauge.set(0.0);
+            tracing::info!(replica = %self.replica, "cluster: Redis reachable again, rejoined");
+        }
+    }
+}

@@ -1,0 +1,145 @@
+//! Cluster mode (`[cluster] redis_url`): several fairgate replicas in front of one provider
+//! share pool capacity, fairness and rate limits through Redis, each scheduling locally.
+//!
+//! - [`lease`]: a pool's `max_concurrency` (and the limit learned from 429s) holds across all
+//!   replicas — slots are leases with a TTL in a sorted set, leased in blocks, renewed in one
+//!   call per tick, reclaimed when a replica dies.
+//! - [`service`]: per-tenant weighted service in a shared hash; each replica charges a tenant's
+//!   DRR credit for what it received elsewhere (global fairness, with the bound stated there).
+//! - [`rate`]: per-tenant requests/tokens per minute as GCRA in Lua, corrected at reconcile.
+//! - [`link`]: the connection (tight timeouts) and degraded mode (`fairgate_cluster_degraded`).
+//!
+//! The pure scheduler is untouched by I/O: the queue only sees a slot count
+//! (`FairQueue::set_cluster_slots`) and debts (`FairQueue::charge_remote`). Every shared update
+//! is one atomic Lua script ([`scripts`]). Hot path: a limited tenant's admission costs one
+//! round trip; a request waits for a lease round trip only when its replica held no spare slot.
+//! Absent `[cluster]`, none of this exists and a replica is exactly the single process.
+
+pub mod lease;
+pub mod link;
+pub mod rate;
+pub mod scripts;
+pub mod service;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::admission::Admission;
+use crate::config::{ClusterConfig, Config, ConfigError};
+use crate::domain::TenantId;
+use crate::queue::FairQueue;
+pub use lease::LeaseGate;
+pub use link::Link;
+pub use rate::RedisStore;
+
+/// A replica's cluster state: the link, the rate store, one lease gate per pool, the syncer's
+/// inputs. Background tasks start with [`Cluster::spawn`].
+#[derive(Debug)]
+pub struct Cluster {
+    /// The Redis connection and degraded flag.
+    pub link: Arc<Link>,
+    /// One lease gate per pool, indexed like `[[upstreams]]`.
+    pub gates: Vec<Arc<LeaseGate>>,
+    store: Arc<RedisStore>,
+    pools: Vec<(String, Arc<FairQueue>)>,
+    config: ClusterConfig,
+    weights: HashMap<TenantId, crate::domain::Weight>,
+}
+
+/// This replica's id: configured, else host name, pid and a random suffix.
+fn replica_id(cfg: &ClusterConfig) -> String {
+    cfg.replica_id.clone().unwrap_or_else(|| {
+        let host = std::env::var("HOSTNAME")
+            .ok()
+            .filter(|h| !h.is_empty() && !h.contains(':'))
+            .unwrap_or_else(|| "fairgate".to_owned());
+        format!(
+            "{host}-{}-{:08x}",
+            std::process::id(),
+            rand::random::<u32>()
+        )
+    })
+}
+
+/// The Redis link and the shared rate store built on it.
+pub type Linked = (Arc<Link>, Arc<RedisStore>);
+
+/// The link and the shared rate store, before admission is built (`None`: no `[cluster]`).
+pub fn connect(
+    config: &Config,
+    degraded_gauge: metrics::Gauge,
+) -> Result<Option<Linked>, ConfigError> {
+    let Some(cfg) = &config.cluster else {
+        return Ok(None);
+    };
+    let link =
+        Link::new(cfg, replica_id(cfg), degraded_gauge).map_err(|e| ConfigError::Invalid {
+            key: "cluster.redis_url".to_owned(),
+            message: e.0.to_string(),
+        })?;
+    let link = Arc::new(link);
+    let store = Arc::new(RedisStore::new(link.clone(), config, cfg.expected_replicas));
+    Ok(Some((link, store)))
+}
+
+impl Cluster {
+    /// Lease gates for every pool (each attaches to its queue: nothing is dispatched before the
+    /// first lease round).
+    pub fn new(
+        link: Arc<Link>,
+        store: Arc<RedisStore>,
+        config: &Config,
+        pools: &[Arc<FairQueue>],
+        admission: &Admission,
+    ) -> Arc<Self> {
+        let cfg = config.cluster.clone().expect("cluster mode is configured");
+        let gates = config
+            .upstreams
+            .iter()
+            .zip(pools)
+            .zip(admission.capacity.iter())
+            .map(|((u, q), cap)| {
+                let max = u32::try_from(u.max_concurrency).unwrap_or(u32::MAX);
+                LeaseGate::new(link.clone(), &u.name, q.clone(), cap.clone(), max, &cfg)
+            })
+            .collect();
+        let weights = config
+            .tenants
+            .iter()
+            .map(|t| (TenantId::new(t.id.as_str()), t.effective_weight(config)))
+            .collect();
+        let pools = config
+            .upstreams
+            .iter()
+            .map(|u| u.name.clone())
+            .zip(pools.iter().cloned())
+            .collect();
+        Arc::new(Self {
+            link,
+            gates,
+            store,
+            pools,
+            config: cfg,
+            weights,
+        })
+    }
+
+    /// Starts the lease gates and the syncer; they stop after `stop` turns true (a gate once
+    /// its pool has drained, releasing its leases).
+    pub fn spawn(&self, stop: watch::Receiver<bool>) {
+        for g in &self.gates {
+            tokio::spawn(g.clone().run(stop.clone()));
+        }
+        let syncer = service::Syncer::new(
+            self.link.clone(),
+            self.pools.clone(),
+            Some(self.store.clone()),
+            self.weights.clone(),
+            Duration::from_millis(self.config.sync_interval_ms),
+        );
+        tokio::spawn(syncer.run(stop));
+    }
+}

@@ -1,0 +1,234 @@
+//! [`RedisStore`]: the tenants' rate limits shared by every replica — GCRA in one Lua script
+//! per admission ([`RATE_ADMIT`], both buckets or neither), the same buckets as the in-memory
+//! store (`burst × per-minute` cells refilling at `per-minute / 60` a second).
+//!
+//! Estimate at admission, correct at reconcile: `adjust` (over-estimates credited, under-
+//! estimates and retried attempts charged) adds to a per-tenant pending delta, flushed by the
+//! sync task every `sync_interval_ms` in its one script call, idempotently ([`SYNC`]): credit
+//! moves the token bucket's TAT back (never past "full"), debt moves it ahead (at most two
+//! buckets) — the same ±one-bucket bound as the in-memory ledger.
+//!
+//! Degraded mode (Redis unreachable or slower than `timeout_ms`), stated per limit:
+//! - `requests_per_minute` is **soft**: each replica admits against a local bucket of
+//!   `requests_per_minute / expected_replicas`, so the cluster stays near the limit.
+//! - `tokens_per_minute` is a **hard** budget: it fails closed — a tenant with one gets 429
+//!   (`x-fairgate-limit: tenant`, Retry-After 1 s) until Redis answers again.
+//!
+//! Tenants without limits never touch Redis here.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+
+use super::link::Link;
+use super::scripts::RATE_ADMIT;
+use crate::admission::rate::{
+    BucketState, Budget, Charge, MemoryStore, RateState, RateStore, Refusal,
+};
+use crate::config::{Config, TenantLimits};
+use crate::domain::TenantId;
+
+/// One GCRA bucket: emission interval T (µs per cell) and size B (cells).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Gcra {
+    pub t_us: f64,
+    pub size: u64,
+}
+
+impl Gcra {
+    fn new(per_minute: Option<u32>, burst: f64) -> Option<Self> {
+        let pm = per_minute?;
+        let size = (f64::from(pm) * burst).round().max(1.0) as u64;
+        Some(Self {
+            t_us: 60e6 / f64::from(pm.max(1)),
+            size,
+        })
+    }
+
+    /// Header state from the TAT's distance ahead of now (µs).
+    fn state(self, ahead_us: i64) -> BucketState {
+        let ahead = ahead_us.max(0) as f64;
+        let used = (ahead / self.t_us).ceil() as u64;
+        BucketState {
+            limit: self.size,
+            remaining: self.size.saturating_sub(used),
+            reset: Duration::from_micros(ahead as u64),
+        }
+    }
+}
+
+pub(super) struct Limits {
+    pub tokens: Option<Gcra>,
+    requests: Option<Gcra>,
+    pub tokens_key: String,
+    requests_key: String,
+}
+
+/// The shared [`RateStore`]; see the module docs.
+pub struct RedisStore {
+    link: Arc<Link>,
+    pub(super) tenants: HashMap<TenantId, Limits>,
+    /// Degraded mode: the soft limits' local allowance.
+    local: MemoryStore,
+    pending: Mutex<HashMap<TenantId, i64>>,
+    /// Each tenant's buckets as of its last admission here (the `x-ratelimit-*` headers of a
+    /// response admission did not charge; reading Redis for them would cost a round trip).
+    last: Mutex<HashMap<TenantId, RateState>>,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("tenants", &self.tenants.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisStore {
+    /// Buckets of every limited tenant of `config`.
+    pub fn new(link: Arc<Link>, config: &Config, expected_replicas: u32) -> Self {
+        let limits: Vec<(TenantId, TenantLimits)> = config
+            .tenants
+            .iter()
+            .map(|t| (TenantId::new(t.id.as_str()), t.effective_limits(config)))
+            .collect();
+        let tenants = limits
+            .iter()
+            .filter_map(|(id, l)| {
+                let lim = Limits {
+                    tokens: Gcra::new(l.tokens_per_minute, l.burst),
+                    requests: Gcra::new(l.requests_per_minute, l.burst),
+                    tokens_key: link.key(&["rate", id.as_str(), "tokens"]),
+                    requests_key: link.key(&["rate", id.as_str(), "requests"]),
+                };
+                (lim.tokens.is_some() || lim.requests.is_some()).then(|| (id.clone(), lim))
+            })
+            .collect();
+        let n = expected_replicas.max(1);
+        let local: Vec<(TenantId, TenantLimits)> = limits
+            .into_iter()
+            .map(|(id, l)| {
+                let soft = TenantLimits {
+                    requests_per_minute: l.requests_per_minute.map(|r| r.div_ceil(n)),
+                    tokens_per_minute: None,
+                    ..l
+                };
+                (id, soft)
+            })
+            .collect();
+        Self {
+            local: MemoryStore::new(local.iter().map(|(id, l)| (id.clone(), l))),
+            link,
+            tenants,
+            pending: Mutex::default(),
+            last: Mutex::default(),
+        }
+    }
+
+    /// Pending ledger corrections, taken for a flush.
+    pub(super) fn take_pending(&self) -> HashMap<TenantId, i64> {
+        std::mem::take(&mut *self.pending.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Degraded admission: soft limits locally, hard token budgets closed.
+    fn admit_degraded(&self, tenant: &TenantId, cost: Charge) -> Result<RateState, Refusal> {
+        let Some(l) = self.tenants.get(tenant) else {
+            return Ok(RateState::default());
+        };
+        if let Some(t) = l.tokens {
+            return Err(Refusal::Tokens {
+                budget: Budget::Tokens,
+                retry_after: Duration::from_secs(1),
+                state: Box::new(RateState {
+                    tokens: [Some(t.state((t.size as f64 * t.t_us) as i64)), None, None],
+                    requests: None,
+                }),
+            });
+        }
+        self.local.admit(tenant, cost)
+    }
+}
+
+impl RateStore for RedisStore {
+    fn limited(&self, tenant: &TenantId) -> bool {
+        self.tenants.contains_key(tenant)
+    }
+
+    fn state(&self, tenant: &TenantId) -> RateState {
+        let last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        last.get(tenant).copied().unwrap_or_default()
+    }
+
+    fn admit(&self, tenant: &TenantId, cost: Charge) -> Result<RateState, Refusal> {
+        // The synchronous path has no Redis: what degraded mode would answer.
+        self.admit_degraded(tenant, cost)
+    }
+
+    fn admit_shared<'a>(
+        &'a self,
+        tenant: &'a TenantId,
+        charge: Charge,
+    ) -> BoxFuture<'a, Result<RateState, Refusal>> {
+        let cost = charge.total();
+        Box::pin(async move {
+            let Some(l) = self.tenants.get(tenant) else {
+                return Ok(RateState::default());
+            };
+            let (tt, tb) = l.tokens.map_or((0.0, 0), |g| (g.t_us, g.size));
+            let (rt, rb) = l.requests.map_or((0.0, 0), |g| (g.t_us, g.size));
+            let mut inv = RATE_ADMIT.prepare_invoke();
+            inv.key(&l.tokens_key)
+                .key(&l.requests_key)
+                .arg(cost.0)
+                .arg(tt)
+                .arg(tb)
+                .arg(rt)
+                .arg(rb);
+            let Some(v) = self.link.run::<Vec<i64>>(&inv).await else {
+                return self.admit_degraded(tenant, charge);
+            };
+            let get = |i: usize| v.get(i).copied().unwrap_or(0);
+            let state = RateState {
+                tokens: [l.tokens.map(|g| g.state(get(2))), None, None],
+                requests: l.requests.map(|g| g.state(get(3))),
+            };
+            let retry_after = Duration::from_micros(u64::try_from(get(1)).unwrap_or(0));
+            if get(0) != 3 {
+                let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+                last.insert(tenant.clone(), state);
+            }
+            let state = Box::new(state);
+            match get(0) {
+                0 => Ok(*state),
+                1 => Err(Refusal::Requests { retry_after, state }),
+                2 => Err(Refusal::Tokens {
+                    budget: Budget::Tokens,
+                    retry_after,
+                    state,
+                }),
+                _ => Err(Refusal::TooLarge {
+                    budget: Budget::Tokens,
+                    cost,
+                    burst: l.tokens.map_or(0, |g| g.size),
+                }),
+            }
+        })
+    }
+
+    fn adjust(&self, tenant: &TenantId, input: i64, output: i64) {
+        // Only the all-tokens budget is shared (input/output budgets are refused with
+        // `[cluster]` by config validation).
+        let delta = input.saturating_add(output);
+        let Some(l) = self.tenants.get(tenant) else {
+            return;
+        };
+        if l.tokens.is_none() || delta == 0 {
+            return;
+        }
+        let mut p = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        let e = p.entry(tenant.clone()).or_insert(0);
+        *e = e.saturating_add(delta);
+    }
+}

@@ -1,0 +1,201 @@
+//! [`Syncer`]: global fairness and rate-limit corrections, one script call per tick.
+//!
+//! Every `sync_interval_ms` (~100 ms) the replica flushes, in one atomic call ([`SYNC`]):
+//! - the weighted service its pools delivered since the last flush — per (pool, tenant),
+//!   reconciled tokens ÷ weight, added to a shared hash (`HINCRBYFLOAT`);
+//! - the rate-limit corrections accumulated by [`RedisStore::adjust`];
+//!
+//! and reads back every tenant's cluster-wide weighted service. What a tenant received on the
+//! *other* replicas since the last read (global now − global before − this replica's own
+//! delta) is charged to its DRR credit in this replica's pool (× its weight, back to tokens),
+//! like an under-estimate — only while the tenant has work here ([`FairQueue::charge_remote`]).
+//! Each replica's DRR then equalises *cluster-wide* weighted service among the tenants
+//! backlogged on it, instead of its local service alone.
+//!
+//! Bound: on top of each replica's DRR bound (2Q + Max/wᵢ + Max/wⱼ per unit of weight, see
+//! `scheduler::drr`), remote service is seen late by at most one tick plus one round trip, so a
+//! tenant's weighted service can run ahead of its fair share by at most what the cluster serves
+//! it in ~2 ticks, ÷ its weight, plus the N replicas' DRR bounds (N·(2Q + Max/wᵢ + Max/wⱼ)).
+//! It does not grow with time: every tick's excess is charged at the next one.
+//!
+//! No double counting: a batch carries a per-replica sequence number and is retried unchanged
+//! until Redis confirms it, and the script applies a sequence once. After an outage (new
+//! [`Link::epoch`]) the service baseline is read afresh and nothing is charged for the gap.
+//! Everything is bounded: at most one batch in flight, deltas accumulate per tenant.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::Value;
+use tokio::sync::watch;
+
+use super::link::Link;
+use super::rate::RedisStore;
+use super::scripts::SYNC;
+use crate::domain::{TenantId, Tokens, Weight};
+use crate::queue::FairQueue;
+
+const SEP: char = '\u{1f}';
+
+struct Batch {
+    seq: u64,
+    service: HashMap<String, f64>,
+    rate: Vec<(String, i64, f64, u64)>,
+}
+
+/// The sync task's state; see the module docs.
+pub struct Syncer {
+    link: Arc<Link>,
+    pools: Vec<(String, Arc<FairQueue>)>,
+    store: Option<Arc<RedisStore>>,
+    weights: HashMap<TenantId, Weight>,
+    interval: Duration,
+    keys: [String; 2],
+}
+
+impl std::fmt::Debug for Syncer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Syncer").finish_non_exhaustive()
+    }
+}
+
+impl Syncer {
+    /// A syncer for these pools (by name), tenants' weights and rate store.
+    pub fn new(
+        link: Arc<Link>,
+        pools: Vec<(String, Arc<FairQueue>)>,
+        store: Option<Arc<RedisStore>>,
+        weights: HashMap<TenantId, Weight>,
+        interval: Duration,
+    ) -> Self {
+        let keys = [link.key(&["service"]), link.key(&["service-seq"])];
+        Self {
+            link,
+            pools,
+            store,
+            weights,
+            interval,
+            keys,
+        }
+    }
+
+    fn next_batch(&self, seq: u64) -> Batch {
+        let mut service = HashMap::new();
+        for (name, q) in &self.pools {
+            for (tenant, weight, tokens) in q.take_served() {
+                let field = format!("{name}{SEP}{tenant}");
+                *service.entry(field).or_insert(0.0) += tokens as f64 / weight.get();
+            }
+        }
+        let rate = self.store.as_ref().map_or_else(Vec::new, |s| {
+            s.take_pending()
+                .into_iter()
+                .filter_map(|(t, d)| {
+                    let l = s.tenants.get(&t)?;
+                    let g = l.tokens?;
+                    Some((l.tokens_key.clone(), d, g.t_us, g.size))
+                })
+                .collect()
+        });
+        Batch { seq, service, rate }
+    }
+
+    /// Ticks until `stop`, with one final flush.
+    pub async fn run(self, mut stop: watch::Receiver<bool>) {
+        let mut seq = 0u64;
+        let mut batch: Option<Batch> = None;
+        let mut seen: Option<(u64, HashMap<String, f64>)> = None;
+        let mut stopping = false;
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(self.interval) => {}
+                _ = stop.wait_for(|s| *s), if !stopping => stopping = true,
+            }
+            let b = batch.take().unwrap_or_else(|| {
+                seq += 1;
+                self.next_batch(seq)
+            });
+            match self.flush(&b).await {
+                Some(global) => {
+                    // Across an outage (the epoch moved) the baseline is read afresh.
+                    let epoch = self.link.epoch();
+                    if let Some((e, prev)) = &seen {
+                        if *e == epoch {
+                            self.charge(prev, &global, &b.service);
+                        }
+                    }
+                    seen = Some((epoch, global));
+                }
+                None => batch = Some(b),
+            }
+            if stopping {
+                return;
+            }
+        }
+    }
+
+    async fn flush(&self, b: &Batch) -> Option<HashMap<String, f64>> {
+        let mut inv = SYNC.prepare_invoke();
+        inv.key(&self.keys[0])
+            .key(&self.keys[1])
+            .arg(&self.link.replica)
+            .arg(b.seq)
+            .arg(b.service.len());
+        for (field, delta) in &b.service {
+            inv.arg(field).arg(*delta);
+        }
+        inv.arg(b.rate.len());
+        for (key, d, t, size) in &b.rate {
+            inv.arg(key).arg(*d).arg(*t).arg(*size);
+        }
+        let v: Value = self.link.run(&inv).await?;
+        let Value::Array(items) = v else {
+            return None;
+        };
+        let Some(Value::Array(pairs)) = items.get(1) else {
+            return None;
+        };
+        let mut global = HashMap::new();
+        for kv in pairs.chunks(2) {
+            let (Some(k), Some(v)) = (kv.first(), kv.get(1)) else {
+                continue;
+            };
+            let k: Option<String> = redis::from_redis_value_ref(k).ok();
+            let v: Option<String> = redis::from_redis_value_ref(v).ok();
+            if let (Some(k), Some(v)) = (k, v.and_then(|v| v.parse::<f64>().ok())) {
+                global.insert(k, v);
+            }
+        }
+        Some(global)
+    }
+
+    /// Charges every tenant what it received on other replicas since `prev`.
+    fn charge(
+        &self,
+        prev: &HashMap<String, f64>,
+        global: &HashMap<String, f64>,
+        mine: &HashMap<String, f64>,
+    ) {
+        for (field, now) in global {
+            let before = prev.get(field).copied().unwrap_or(0.0);
+            let own = mine.get(field).copied().unwrap_or(0.0);
+            let remote = now - before - own;
+            if remote < 0.5 {
+                continue;
+            }
+            let Some((pool, tenant)) = field.split_once(SEP) else {
+                continue;
+            };
+            let tenant = TenantId::new(tenant);
+            let Some(weight) = self.weights.get(&tenant) else {
+                continue;
+            };
+            let Some((_, q)) = self.pools.iter().find(|(n, _)| n == pool) else {
+                continue;
+            };
+            let tokens = (remote * weight.get()).round() as u64;
+            q.charge_remote(&tenant, Tokens(tokens));
+        }
+    }
+}

@@ -1,0 +1,153 @@
+//! `[cluster]`: several replicas sharing pool capacity, fairness and rate limits through Redis
+//! (see the `cluster` module). Absent: one process, everything in memory.
+
+use serde::Deserialize;
+
+use super::ConfigError;
+
+/// `[cluster]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// `redis://[user:password@]host[:port][/db]` (no TLS: `rediss://` is refused).
+    pub redis_url: String,
+    /// A capacity lease lives this long unless renewed; a dead replica's slots come back
+    /// within it.
+    #[serde(default = "default_lease_ttl")]
+    pub lease_ttl_ms: u64,
+    /// Replicas expected to share the pools: the local allowance of a replica that cannot reach
+    /// Redis is a pool's capacity (and a tenant's request rate) divided by this.
+    #[serde(default = "default_replicas")]
+    pub expected_replicas: u32,
+    /// Timeout of every Redis call (connect and response); no request waits longer on Redis.
+    #[serde(default = "default_timeout")]
+    pub timeout_ms: u64,
+    /// This replica's name in Redis (default: host name, pid and a random suffix). Must be
+    /// unique per running replica.
+    #[serde(default)]
+    pub replica_id: Option<String>,
+    /// Prefix of every Redis key (several fairgate deployments can share one Redis).
+    #[serde(default = "default_prefix")]
+    pub key_prefix: String,
+    /// How often served tokens and rate-limit corrections are flushed to Redis, and other
+    /// replicas' service read back.
+    #[serde(default = "default_sync")]
+    pub sync_interval_ms: u64,
+}
+
+fn default_lease_ttl() -> u64 {
+    5_000
+}
+fn default_replicas() -> u32 {
+    3
+}
+fn default_timeout() -> u64 {
+    100
+}
+fn default_prefix() -> String {
+    "fairgate".to_owned()
+}
+fn default_sync() -> u64 {
+    100
+}
+
+fn invalid(key: &str, message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key: format!("cluster.{key}"),
+        message: message.into(),
+    }
+}
+
+/// Checks `[cluster]`.
+pub(super) fn validate(c: &ClusterConfig) -> Result<(), ConfigError> {
+    if c.redis_url.starts_with("rediss://") {
+        return Err(invalid(
+            "redis_url",
+            "TLS to Redis (rediss://) is not built in",
+        ));
+    }
+    if !c.redis_url.starts_with("redis://") {
+        return Err(invalid("redis_url", "must start with redis://"));
+    }
+    if c.timeout_ms == 0 {
+        return Err(invalid("timeout_ms", "must be > 0"));
+    }
+    if c.lease_ttl_ms < 3 * c.timeout_ms.max(c.sync_interval_ms) {
+        return Err(invalid(
+            "lease_ttl_ms",
+            "must be at least 3 × max(timeout_ms, sync_interval_ms): leases are renewed every \
+             third of it",
+        ));
+    }
+    if c.expected_replicas == 0 {
+        return Err(invalid("expected_replicas", "must be > 0"));
+    }
+    if c.sync_interval_ms == 0 {
+        return Err(invalid("sync_interval_ms", "must be > 0"));
+    }
+    if let Some(id) = &c.replica_id {
+        if id.is_empty() || id.contains(':') || id.chars().any(char::is_whitespace) {
+            return Err(invalid(
+                "replica_id",
+                "must be non-empty, without ':' or whitespace",
+            ));
+        }
+    }
+    if c.key_prefix.is_empty() {
+        return Err(invalid("key_prefix", "must not be empty"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Config;
+
+    const BASE: &str = "[[upstreams]]\nname = \"u\"\nbase_url = \"http://h/v1\"\n";
+
+    fn load(cluster: &str) -> Result<Config, String> {
+        Config::from_toml_str(&format!("{BASE}[cluster]\n{cluster}")).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn absent_is_single_process_and_defaults_fill_in() {
+        assert!(Config::from_toml_str(BASE).unwrap().cluster.is_none());
+        let c = load("redis_url = \"redis://127.0.0.1:6379\"").unwrap();
+        let c = c.cluster.unwrap();
+        assert_eq!(
+            (c.lease_ttl_ms, c.expected_replicas, c.timeout_ms),
+            (5000, 3, 100)
+        );
+        assert_eq!(c.replica_id, None);
+    }
+
+    #[test]
+    fn bad_values_name_their_key() {
+        let cases = [
+            ("redis_url = \"rediss://h\"", "cluster.redis_url"),
+            ("redis_url = \"http://h\"", "cluster.redis_url"),
+            (
+                "redis_url = \"redis://h\"\nlease_ttl_ms = 200",
+                "cluster.lease_ttl_ms",
+            ),
+            (
+                "redis_url = \"redis://h\"\nexpected_replicas = 0",
+                "cluster.expected_replicas",
+            ),
+            (
+                "redis_url = \"redis://h\"\nreplica_id = \"a:b\"",
+                "cluster.replica_id",
+            ),
+            (
+                "redis_url = \"redis://h\"\ntimeout_ms = 0",
+                "cluster.timeout_ms",
+            ),
+            ("redis_url = \"redis://h\"\nleases = 3", "cluster.leases"),
+            ("lease_ttl_ms = 3000", "cluster"),
+        ];
+        for (toml, key) in cases {
+            let e = load(toml).unwrap_err();
+            assert!(e.starts_with(key), "{toml}: {e}");
+        }
+    }
+}
