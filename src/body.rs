@@ -31,8 +31,8 @@ pub struct Parsed {
     pub include_usage: bool,
     /// `max_tokens`, `max_completion_tokens` or `max_output_tokens`.
     pub max_tokens: Option<u64>,
-    /// The whole document.
-    pub value: serde_json::Value,
+    /// The whole document (shared: request extensions are cloned for each upstream attempt).
+    pub value: std::sync::Arc<serde_json::Value>,
 }
 
 /// Body stage errors.
@@ -120,7 +120,7 @@ pub fn parse(bytes: &[u8]) -> Result<Parsed, Error> {
         stream,
         include_usage,
         max_tokens,
-        value,
+        value: std::sync::Arc::new(value),
     })
 }
 
