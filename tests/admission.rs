@@ -250,24 +250,24 @@ async fn token_budget_exceeded_is_refused_by_the_tenant_limit() {
     assert_eq!(mock.stats.requests(), 1);
 }
 
+/// Tenant a's slow request, holding the pool's only slot once this returns.
+async fn hold_the_only_slot(p: &Arc<ServerHandle>) -> tokio::task::JoinHandle<u16> {
+    let blocker = {
+        let p = p.clone();
+        tokio::spawn(async move {
+            let slow = [("x-mock-delay-ms", "3000")];
+            chat_as(&p, KEY_A, &chat("gpt-4o-mini"), &slow).await.status
+        })
+    };
+    assert!(eventually(|| p.pools[0].load() == (0, 1)).await);
+    blocker
+}
+
 #[tokio::test]
 async fn deadlines_fail_fast_when_infeasible_and_expire_in_queue_with_504() {
     let mock = mock().await;
     let p = Arc::new(proxy(&config(&mock.base_url(), "", "max_concurrency = 1", "")).await);
-    let blocker = {
-        let p = p.clone();
-        tokio::spawn(async move {
-            chat_as(
-                &p,
-                KEY_A,
-                &chat("gpt-4o-mini"),
-                &[("x-mock-delay-ms", "3000")],
-            )
-            .await
-            .status
-        })
-    };
-    assert!(eventually(|| p.pools[0].load() == (0, 1)).await);
+    let blocker = hold_the_only_slot(&p).await;
     chat_as(
         &p,
         KEY_B,
@@ -421,20 +421,7 @@ async fn every_response_of_a_limited_tenant_carries_its_rate_headers() {
     assert_eq!(header(&r, "x-fairgate-limit"), Some("upstream"));
     assert_eq!(assert_rate_headers(&r, "upstream 429"), 99_997);
     // Queue refusals: a's request holds the only slot.
-    let blocker = {
-        let p = p.clone();
-        tokio::spawn(async move {
-            chat_as(
-                &p,
-                KEY_A,
-                &chat("gpt-4o-mini"),
-                &[("x-mock-delay-ms", "3000")],
-            )
-            .await
-            .status
-        })
-    };
-    assert!(eventually(|| p.pools[0].load() == (0, 1)).await);
+    let blocker = hold_the_only_slot(&p).await;
     let r = chat_as(&p, KEY_B, &chat("gpt-4o-mini"), &deadline("1500")).await;
     r.assert_error(504, "deadline_exceeded");
     assert_eq!(assert_rate_headers(&r, "504 in queue"), 99_996);
