@@ -7,7 +7,8 @@
 //! overshoot bounded by the local allowance, recovery after a restart; (e) a replica killed
 //! while holding leases: its slots come back within the lease TTL; (c) noisy neighbor; (f) a
 //! tenant's service on other replicas is charged on this one; (g) a request rate limit holds
-//! across replicas.
+//! across replicas; (j) Redis stalls shorter than `degrade_after_ms` degrade no replica and the
+//! pool limit holds.
 //!
 //! Without `redis-server` on PATH the tests are skipped with a message — unless `CI` is set,
 //! where a missing binary fails them. Loops are bounded; no assertion is on wall-clock time.
@@ -54,6 +55,8 @@ impl Redis {
         let child = Command::new("redis-server")
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
+            // `DEBUG SLEEP` stalls the server (test j).
+            .args(["--enable-debug-command", "local"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn();
@@ -98,10 +101,10 @@ impl Drop for Redis {
 }
 
 /// One replica's config: pool `mock` of `capacity` slots, tenants `(id, weight, extra)`.
-/// `timeout_ms` is 500, not the default 100: seven tests × three replicas share two cores, and a
-/// Redis call slower than the timeout puts a replica in degraded mode, whose local allowance
-/// comes on top of the others' leases (measured: 8 in flight for a limit of 6 with 100 ms).
-/// A dead Redis is still noticed at once (connection refused).
+/// `timeout_ms` and `degrade_after_ms` are the defaults (100 ms, 1 s): the tests × three
+/// replicas share two cores, and a Redis call slower than the timeout must not put a replica in
+/// degraded mode (it once did, and its allowance came on top of the others' leases: 8 in
+/// flight for a limit of 6).
 fn replica_config(
     redis: &Redis,
     base_url: &str,
@@ -121,7 +124,7 @@ fn replica_config(
     }
     s += &format!(
         "[cluster]\nredis_url = \"{}\"\nlease_ttl_ms = 1500\nexpected_replicas = 3\n\
-         timeout_ms = 500\nsync_interval_ms = 50\nreplica_id = \"r{replica}\"\n",
+         sync_interval_ms = 50\nreplica_id = \"r{replica}\"\n",
         redis.url()
     );
     s
@@ -601,4 +604,73 @@ async fn g_rate_limits_hold_across_replicas() {
     eprintln!("requests_per_minute = 10 over 3 replicas: {ok} admitted, {limited} limited");
     // One cell may refill during the run (one every 6 s).
     assert!((10..=11).contains(&ok), "{ok} admitted");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn j_a_redis_stall_shorter_than_degrade_after_neither_degrades_nor_overshoots() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let Some(redis) = Redis::start() else { return };
+    let mock = slow_mock(30).await;
+    let tenants = [("a", 1.0, ""), ("b", 1.0, "")];
+    let rs = replicas(|i| replica_config(&redis, &mock.base_url(), i, 6, 1024, &tenants)).await;
+    let addrs: Vec<_> = rs.iter().map(|r| r.addr).collect();
+    let mut tasks = Vec::new();
+    for i in 0..200 {
+        let addr = addrs[i % 3];
+        let tenant = if i % 2 == 0 { "a" } else { "b" };
+        tasks.push(tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(6 * i as u64)).await;
+            chat(addr, tenant, 8, &[]).await
+        }));
+    }
+    assert!(eventually(|| mock.stats.completed() >= 20).await);
+    mock.stats.reset_max_in_flight();
+    // Every replica's degraded gauge, sampled while Redis stalls.
+    let stop = Arc::new(AtomicBool::new(false));
+    let watcher = {
+        let (addrs, stop) = (addrs.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut seen = 0.0f64;
+            for _ in 0..500 {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                for &a in &addrs {
+                    seen = seen.max(metric(a, "fairgate_cluster_degraded").await.unwrap_or(0.0));
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            seen
+        })
+    };
+    // Three stalls of 300 ms (three timeouts' worth each, less than `degrade_after_ms`).
+    let mut conn = redis.conn().await;
+    for _ in 0..3 {
+        let _: () = redis::cmd("DEBUG")
+            .arg("SLEEP")
+            .arg("0.3")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    let mut ok = 0;
+    for t in tasks {
+        if t.await.unwrap() == 200 {
+            ok += 1;
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let degraded = watcher.await.unwrap();
+    let max = mock.stats.max_in_flight();
+    eprintln!(
+        "three 300 ms Redis stalls (timeout 100 ms): {ok}/200 answered 200, max in flight {max} \
+         (limit 6), degraded gauge max {degraded}"
+    );
+    assert_eq!(ok, 200);
+    assert_eq!(
+        degraded, 0.0,
+        "a stall shorter than degrade_after_ms degraded a replica"
+    );
+    assert!(max <= 6, "{max} in flight for a limit of 6");
 }
