@@ -42,8 +42,11 @@
 //!   granted are released, and new leases cover the in-flight requests first, so nothing is
 //!   counted twice.
 //! - Learned limit: when this replica's learned limit (`PoolCapacity`, from upstream 429s) is
-//!   cut, it publishes the cluster's leased count scaled by the same factor as the pool's shared
-//!   limit (60 s TTL: without fresh cuts it returns to the configured size); grants use it.
+//!   cut, it publishes the cluster's leased count scaled by the fraction of its own in-flight
+//!   requests the provider accepted (the cut's value, counted on its own wire) as the pool's
+//!   shared limit; grants use it plus 1 per second since it was published (the cluster's
+//!   additive increase: an estimate too low is probed back up, the next 429 republishes; the
+//!   latest estimate wins; without fresh cuts it is back at the configured size within 60 s).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -238,9 +241,13 @@ impl LeaseGate {
             let mut st = self.lock();
             let mut publish = 0;
             if local_limit < st.seen_local_limit && st.pool_leases > 0 {
-                // Cut by the same factor, from the cluster's leased count.
-                let scaled = u64::from(st.pool_leases) * u64::from(local_limit)
-                    / u64::from(st.seen_local_limit.max(1));
+                // The local cut counts this replica's own wire only: the provider accepted
+                // `local_limit` of the `in_flight` requests it had out (see `PoolCapacity`), so
+                // the cluster's leased count scaled by that fraction estimates the provider's
+                // capacity. (Scaling by the local limit's drop instead — from the configured
+                // size — published about what one replica had on the wire: 2 for K = 4.)
+                let out = in_flight.max(local_limit).max(1);
+                let scaled = u64::from(st.pool_leases) * u64::from(local_limit) / u64::from(out);
                 publish = u32::try_from(scaled).unwrap_or(u32::MAX).max(1);
             }
             st.seen_local_limit = local_limit;
