@@ -7,7 +7,8 @@
 //! overshoot bounded by the local allowance, recovery after a restart; (e) a replica killed
 //! while holding leases: its slots come back within the lease TTL; (c) noisy neighbor; (f) a
 //! tenant's service on other replicas is charged on this one; (g) a request rate limit holds
-//! across replicas; (h) a limit learned from a 429 storm is shared; (j) Redis stalls shorter than `degrade_after_ms` degrade no replica and the
+//! across replicas; (h) a limit learned from a 429 storm is shared; (i) token refunds reconcile
+//! across replicas; (j) Redis stalls shorter than `degrade_after_ms` degrade no replica and the
 //! pool limit holds.
 //!
 //! Without `redis-server` on PATH the tests are skipped with a message — unless `CI` is set,
@@ -715,6 +716,44 @@ async fn h_a_limit_learned_from_429s_is_shared_by_the_replicas() {
         rejected * 10 <= completed,
         "the provider refused {rejected} attempts for {completed} completions"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn i_token_refunds_reconcile_across_replicas() {
+    let Some(redis) = Redis::start() else { return };
+    let mock = slow_mock(0).await;
+    // Two tenants with the same budget of 6000 tokens a minute (one bucket, 100 tokens/s
+    // refill). Each request is estimated at ~500 tokens (max_tokens 500): "exact" really uses
+    // them, "cheap" gets 1 output token back, so its reconciled refunds (flushed by whichever
+    // replica served it) make later requests admissible on every replica.
+    let budget = "tokens_per_minute = 6000";
+    let tenants = [("exact", 1.0, budget), ("cheap", 1.0, budget)];
+    let rs = replicas(|i| replica_config(&redis, &mock.base_url(), i, 6, 1024, &tenants)).await;
+    let (mut exact, mut cheap) = (0, 0);
+    for i in 0..30 {
+        let addr = rs[i % 3].addr;
+        for (tenant, out, count) in [("exact", "500", &mut exact), ("cheap", "1", &mut cheap)] {
+            match chat(addr, tenant, 500, &[("x-mock-output-tokens", out)]).await {
+                200 => *count += 1,
+                429 => {}
+                s => panic!("unexpected status {s}"),
+            }
+        }
+        // Room for a sync tick (50 ms) to flush the corrections.
+        tokio::time::sleep(Duration::from_millis(120)).await;
+    }
+    eprintln!(
+        "tokens_per_minute = 6000 over 3 replicas, 30 requests of ~500 estimated tokens each: \
+         {exact} admitted when the actual use is the estimate, {cheap} when it is 1 token"
+    );
+    // About 12 (one bucket) plus the refill: the estimate is charged across the replicas.
+    assert!(
+        (10..=18).contains(&exact),
+        "{exact} admitted at the estimate"
+    );
+    // The refunds came back: (nearly) every request admitted, well beyond the bucket.
+    assert!(cheap >= 27, "{cheap} admitted with refunds");
+    assert!(cheap >= exact + 10);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
