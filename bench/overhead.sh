@@ -2,13 +2,22 @@
 # Proxy-overhead benchmark: how much does fairgate cost compared with nginx as a plain reverse
 # proxy, both in front of the same zero-latency mock upstream?
 #
-# Runs wrk (bench/chat.lua: ~1.2 KB chat body, 16 rotating tenant keys) three ways, one after the
-# other: direct to the mock, through nginx, through fairgate (16 tenants, policy drr, pool of 1024
-# so the queue never limits). Prints a markdown table and the fairgate/nginx ratios.
-# Everything binds 127.0.0.1 and everything started here is stopped on exit.
+# Runs wrk (bench/chat.lua: ~1.2 KB chat body, 16 rotating tenant keys) up to four ways, one after
+# the other: direct to the mock, through nginx, through fairgate (16 tenants, policy drr, pool of
+# 1024 so the queue never limits), and through a fairgate cluster (`cluster`: one
+# `redis-server --save '' --appendonly no` on a free port and three `fairgate serve` replicas with
+# `[cluster] redis_url`, same config otherwise). Prints a markdown table and the fairgate/nginx and
+# cluster/fairgate ratios. Everything binds 127.0.0.1 and everything started here is stopped on
+# exit.
+#
+# Cluster load: wrk keeps each connection on the one address it was given, so a Lua script cannot
+# rotate replicas per request; instead three wrk processes run at once, one per replica, each with
+# a third of THREADS (at least 1) and of CONNS (rounded down). The row's rps is their sum; its
+# latency percentiles are the worst of the three (an upper bound of the merged distribution's),
+# errors are summed.
 #
 # Environment knobs:
-#   TARGETS=direct,nginx,fairgate   which rows to run
+#   TARGETS=direct,nginx,fairgate   which rows to run (add cluster, e.g. TARGETS=fairgate,cluster)
 #   THREADS=2 CONNS=64 DURATION=10s wrk settings   WARMUP=2s  (0 to skip)
 #   SKIP_BUILD=1                    reuse target/release/fairgate as is
 #   FAIRGATE_BIN=path               use another fairgate binary (implies nothing about SKIP_BUILD)
@@ -46,6 +55,9 @@ want() { [[ ",$TARGETS," == *",$1,"* ]]; }
 need_tools() {
     local missing=()
     command -v wrk >/dev/null || missing+=(wrk)
+    if want cluster && ! command -v redis-server >/dev/null; then
+        missing+=(redis-server)
+    fi
     if want nginx && ! command -v nginx >/dev/null && [ ! -x /usr/sbin/nginx ]; then
         missing+=(nginx)
     fi
@@ -110,10 +122,10 @@ start_nginx() {
     wait_port "$NGINX_PORT" nginx
 }
 
-start_fairgate() {
-    FAIRGATE_PORT="$(free_port)"
+# The single-process config (the cluster replicas reuse all but its [server] block).
+write_fairgate_config() {
     {
-        printf '[server]\nlisten = "127.0.0.1:%s"\n\n' "$FAIRGATE_PORT"
+        printf '[server]\nlisten = "127.0.0.1:%s"\n\n' "$1"
         printf '[scheduler]\npolicy = "drr"\nquantum = 4096\n\n'
         printf '[[upstreams]]\nname = "mock"\nbase_url = "http://127.0.0.1:%s/v1"\n' "$MOCK_PORT"
         printf 'max_concurrency = 1024\nmodels = ["*"]\n'
@@ -121,12 +133,84 @@ start_fairgate() {
             printf '\n[[tenants]]\nid = "bench-%s"\napi_keys = ["fg-bench-%s"]\n' "$i" "$i"
         done
     } >"$WORK/fairgate.toml"
+}
+
+start_fairgate() {
+    FAIRGATE_PORT="$(free_port)"
+    write_fairgate_config "$FAIRGATE_PORT"
     "$BIN" serve --config "$WORK/fairgate.toml" >"$WORK/fairgate.log" 2>&1 &
     PIDS+=($!)
     wait_port "$FAIRGATE_PORT" fairgate || {
         sed 's/^/[fairgate] /' "$WORK/fairgate.log" >&2
         return 1
     }
+}
+
+start_redis() {
+    REDIS_PORT="$(free_port)"
+    redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no \
+        >"$WORK/redis.log" 2>&1 &
+    PIDS+=($!)
+    wait_port "$REDIS_PORT" redis-server
+}
+
+# Three replicas of the fairgate config above, sharing the pool through Redis.
+start_cluster() {
+    start_redis || return 1
+    CLUSTER_PORTS=()
+    local r port
+    for r in 0 1 2; do
+        port="$(free_port)"
+        {
+            printf '[server]\nlisten = "127.0.0.1:%s"\n\n' "$port"
+            sed '1,/^$/d' "$WORK/fairgate.toml"
+            printf '\n[cluster]\nredis_url = "redis://127.0.0.1:%s"\n' "$REDIS_PORT"
+            printf 'replica_id = "bench-%s"\nexpected_replicas = 3\n' "$r"
+        } >"$WORK/cluster-$r.toml"
+        "$BIN" serve --config "$WORK/cluster-$r.toml" >"$WORK/cluster-$r.log" 2>&1 &
+        PIDS+=($!)
+        wait_port "$port" "fairgate replica $r" || {
+            sed "s/^/[replica $r] /" "$WORK/cluster-$r.log" >&2
+            return 1
+        }
+        CLUSTER_PORTS+=("$port")
+    done
+}
+
+# Three wrk processes at once, one per replica (see the header); prints one summed FG_RESULT.
+run_wrk_cluster() {
+    local path=$1 t c i pids=()
+    t=$((THREADS / 3)); [ "$t" -ge 1 ] || t=1
+    c=$((CONNS / 3)); [ "$c" -ge "$t" ] || c=$t
+    if [ "$WARMUP" != "0" ]; then
+        for i in 0 1 2; do
+            wrk -t"$t" -c"$c" -d"$WARMUP" -s "$LUA" \
+                "http://127.0.0.1:${CLUSTER_PORTS[$i]}$path" >/dev/null &
+            pids+=($!)
+        done
+        wait "${pids[@]}"
+        pids=()
+    fi
+    log "cluster: 3 × wrk -t$t -c$c -d$DURATION --latency -s bench/chat.lua, one per replica"
+    for i in 0 1 2; do
+        wrk -t"$t" -c"$c" -d"$DURATION" --latency -s "$LUA" \
+            "http://127.0.0.1:${CLUSTER_PORTS[$i]}$path" >"$WORK/wrk-cluster-$i.txt" &
+        pids+=($!)
+    done
+    wait "${pids[@]}"
+    cat "$WORK"/wrk-cluster-*.txt >&2
+    grep -h '^FG_RESULT' "$WORK"/wrk-cluster-*.txt | awk '
+        function f(name,   i, kv) {
+            for (i = 2; i <= NF; i++) { split($i, kv, "="); if (kv[1] == name) return kv[2] + 0 }
+        }
+        { rps += f("rps"); req += f("requests"); bad += f("non2xx"); err += f("socket_errors")
+          if (f("p50_ms") > p50) p50 = f("p50_ms"); if (f("p90_ms") > p90) p90 = f("p90_ms")
+          if (f("p99_ms") > p99) p99 = f("p99_ms"); n++ }
+        END {
+            if (n != 3) exit 1
+            printf "FG_RESULT rps=%.1f p50_ms=%.3f p90_ms=%.3f p99_ms=%.3f requests=%d non2xx=%d socket_errors=%d\n",
+                rps, p50, p90, p99, req, bad, err
+        }'
 }
 
 # Runs wrk against a URL; prints the FG_RESULT line.
@@ -179,6 +263,15 @@ main() {
         fi
     fi
 
+    if want cluster; then
+        [ -f "$WORK/fairgate.toml" ] || write_fairgate_config 0
+        if start_cluster; then
+            RESULT[cluster]="$(run_wrk_cluster "$path")"
+        else
+            log "fairgate cluster did not start: row left pending"
+        fi
+    fi
+
     echo
     echo "wrk -t$THREADS -c$CONNS -d$DURATION --latency, bench/chat.lua (~1.2 KB chat, 16 keys)," \
         "$(nproc) cores: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')"
@@ -186,13 +279,18 @@ main() {
     echo "| target | rps | p50 ms | p90 ms | p99 ms | errors |"
     echo "|---|---:|---:|---:|---:|---:|"
     local t
-    for t in direct nginx fairgate; do
+    for t in direct nginx fairgate cluster; do
         if want "$t"; then row "$t"; fi
     done
     if [ -n "${RESULT[fairgate]:-}" ] && [ -n "${RESULT[nginx]:-}" ]; then
         awk -v fr="$(field "${RESULT[fairgate]}" rps)" -v nr="$(field "${RESULT[nginx]}" rps)" \
             -v fp="$(field "${RESULT[fairgate]}" p99_ms)" -v np="$(field "${RESULT[nginx]}" p99_ms)" \
             'BEGIN { printf "\nfairgate/nginx: rps %.2fx, p99 %.2fx\n", fr / nr, fp / np }'
+    fi
+    if [ -n "${RESULT[cluster]:-}" ] && [ -n "${RESULT[fairgate]:-}" ]; then
+        awk -v cr="$(field "${RESULT[cluster]}" rps)" -v fr="$(field "${RESULT[fairgate]}" rps)" \
+            -v cp="$(field "${RESULT[cluster]}" p99_ms)" -v fp="$(field "${RESULT[fairgate]}" p99_ms)" \
+            'BEGIN { printf "cluster (3 replicas + Redis)/fairgate: rps %.2fx, p99 %.2fx\n", cr / fr, cp / fp }'
     fi
 }
 

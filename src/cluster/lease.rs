@@ -27,13 +27,26 @@
 //!   replica above that share gives back slots as its requests complete (up to active − 1
 //!   slots may idle while every replica is contended).
 //! - A dead replica's slots come back within the TTL; a stopping one releases what it holds.
-//! - Degraded (Redis unreachable): held leases are abandoned (released at the next successful
-//!   round if still there, else expired), and the queue runs on a local allowance of
-//!   ⌈limit / expected_replicas⌉ slots; on recovery the replica leases afresh, covering its
-//!   in-flight requests first, so nothing is counted twice.
+//! - Failing calls (Redis slow or away, not yet degraded, see `link`): the replica keeps
+//!   dispatching on the leases it holds while they are certainly still its own — until the
+//!   last successful round's send time + TTL — and leases nothing new; past that it dispatches
+//!   nothing new until a round succeeds or degraded mode starts.
+//! - Degraded (failures lasted `degrade_after_ms`): the local allowance *starts from the leases
+//!   this replica held*: until they expire (last successful round + TTL) it dispatches against
+//!   exactly those — slots nobody else can lease, so no overshoot at all — and only after that
+//!   on ⌈limit / expected_replicas⌉ slots. Overshoot bound: zero while leases are valid; after,
+//!   at most ⌈limit / expected_replicas⌉ per replica that cannot reach Redis while others can
+//!   (those others lease the expired slots again), and with every replica cut off the total is
+//!   N·⌈limit / N⌉ < limit + N for N = expected_replicas replicas. On recovery the held leases
+//!   are renewed if Redis still has them (else reported lost), ids a failed round may have been
+//!   granted are released, and new leases cover the in-flight requests first, so nothing is
+//!   counted twice.
 //! - Learned limit: when this replica's learned limit (`PoolCapacity`, from upstream 429s) is
-//!   cut, it publishes the cluster's leased count scaled by the same factor as the pool's shared
-//!   limit (60 s TTL: without fresh cuts it returns to the configured size); grants use it.
+//!   cut, it publishes the cluster's leased count scaled by the fraction of its own in-flight
+//!   requests the provider accepted (the cut's value, counted on its own wire) as the pool's
+//!   shared limit; grants use it plus 1 per second since it was published (the cluster's
+//!   additive increase: an estimate too low is probed back up, the next 429 republishes; the
+//!   latest estimate wins; without fresh cuts it is back at the configured size within 60 s).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -67,6 +80,9 @@ struct State {
     /// The local learned limit last seen (a drop is published).
     seen_local_limit: u32,
     unmet: bool,
+    /// Until when the held leases are certainly still this replica's (send time of the last
+    /// successful round + TTL); `None` before the first one.
+    valid_until: Option<tokio::time::Instant>,
 }
 
 /// One pool's lease gate; see the module docs.
@@ -135,10 +151,36 @@ impl LeaseGate {
         self.lock().held.len()
     }
 
-    /// The local allowance while Redis is unreachable.
+    /// The local allowance while Redis is unreachable, once the held leases have expired.
     pub fn allowance(&self) -> u32 {
         let limit = self.lock().limit.max(1);
         limit.div_ceil(self.expected_replicas)
+    }
+
+    /// The slots to dispatch against now (see the module docs): the held leases (capped at the
+    /// fair share while others wait) while they are certainly valid; past that, nothing new —
+    /// or in degraded mode the allowance.
+    fn slots(&self, st: &State) -> u32 {
+        let held = u32::try_from(st.held.len()).unwrap_or(u32::MAX);
+        let valid = st
+            .valid_until
+            .is_some_and(|t| tokio::time::Instant::now() < t);
+        if self.link.degraded() {
+            return if valid {
+                held
+            } else {
+                st.limit.max(1).div_ceil(self.expected_replicas)
+            };
+        }
+        if !valid {
+            return 0;
+        }
+        let by_share = if st.others > 0 {
+            st.share.max(1)
+        } else {
+            u32::MAX
+        };
+        held.min(by_share)
     }
 
     /// Runs rounds until `stop`, then (once nothing is in flight) releases every lease.
@@ -182,9 +224,12 @@ impl LeaseGate {
     /// One round; `renew_due` forces a call. Returns whether a call succeeded.
     async fn round(&self, renew_due: bool) -> bool {
         let (queued, in_flight) = self.queue.load();
-        if self.link.degraded() && self.lock().held.is_empty() {
-            // Still degraded: keep the allowance while probing (a success re-leases).
-            self.queue.set_cluster_slots(Some(self.allowance()));
+        let degraded = self.link.degraded();
+        if degraded {
+            // Still degraded: held leases until they expire, then the allowance, while probing
+            // (a success renews and leases).
+            let slots = self.slots(&self.lock());
+            self.queue.set_cluster_slots(Some(slots));
         }
         let local_cap = self.queue.local_capacity();
         let local_limit = self.capacity.limit();
@@ -196,9 +241,13 @@ impl LeaseGate {
             let mut st = self.lock();
             let mut publish = 0;
             if local_limit < st.seen_local_limit && st.pool_leases > 0 {
-                // Cut by the same factor, from the cluster's leased count.
-                let scaled = u64::from(st.pool_leases) * u64::from(local_limit)
-                    / u64::from(st.seen_local_limit.max(1));
+                // The local cut counts this replica's own wire only: the provider accepted
+                // `local_limit` of the `in_flight` requests it had out (see `PoolCapacity`), so
+                // the cluster's leased count scaled by that fraction estimates the provider's
+                // capacity. (Scaling by the local limit's drop instead — from the configured
+                // size — published about what one replica had on the wire: 2 for K = 4.)
+                let out = in_flight.max(local_limit).max(1);
+                let scaled = u64::from(st.pool_leases) * u64::from(local_limit) / u64::from(out);
                 publish = u32::try_from(scaled).unwrap_or(u32::MAX).max(1);
             }
             st.seen_local_limit = local_limit;
@@ -209,11 +258,17 @@ impl LeaseGate {
             };
             let target = demand.min(by_share);
             let held = u32::try_from(st.held.len()).unwrap_or(u32::MAX);
-            let keep = if self.link.degraded() && held == 0 {
-                // Running on the allowance: nothing to give back, keep dispatching meanwhile.
-                0
+            let keep = if degraded {
+                // Running on held leases or the allowance: nothing is given back (the leases
+                // are renewed if Redis answers again).
+                st.held.len()
             } else {
-                self.queue.keep_cluster_slots(target, held, by_share) as usize
+                // Leases that may have expired meanwhile (calls failing) dispatch nothing new.
+                let valid = st
+                    .valid_until
+                    .is_some_and(|t| tokio::time::Instant::now() < t);
+                let cap = if valid { by_share } else { 0 };
+                self.queue.keep_cluster_slots(target, held, cap) as usize
             };
             let target = target as usize;
             let release: Vec<u64> = st.held.split_off(keep);
@@ -247,6 +302,7 @@ impl LeaseGate {
                 inv.arg(*id);
             }
         }
+        let sent = tokio::time::Instant::now();
         let answer: Option<Value> = self.link.run(&inv).await;
         let mut st = self.lock();
         let parsed = answer.as_ref().and_then(parse);
@@ -259,6 +315,7 @@ impl LeaseGate {
                 st.others = a.others;
                 st.limit = a.limit;
                 st.pool_leases = a.leases;
+                st.valid_until = Some(sent + self.ttl);
                 if !a.lost.is_empty() {
                     tracing::warn!(
                         pool = %self.keys[0],
@@ -270,36 +327,23 @@ impl LeaseGate {
                 true
             }
             None => {
-                // Degraded: abandon what we held (released at the next successful round if it
-                // is still there) and run on the local allowance.
-                let mut gone = std::mem::take(&mut st.held);
-                gone.extend(release);
-                gone.extend(new);
-                st.abandoned.extend(gone);
+                // Failed (maybe executed): keep the held leases (renewed by the next successful
+                // round if still there); ids given back or asked for are released then.
+                st.abandoned.extend(release);
+                st.abandoned.extend(new);
                 let excess = st.abandoned.len().saturating_sub(MAX_ABANDONED);
                 st.abandoned.drain(..excess);
                 st.unmet = false;
-                st.others = 0;
+                let slots = self.slots(&st);
                 drop(st);
-                self.queue.set_cluster_slots(Some(self.allowance()));
+                self.queue.set_cluster_slots(Some(slots));
                 false
             }
         }
     }
 
     fn apply(&self, st: &State) {
-        if self.link.degraded() {
-            return;
-        }
-        let by_share = if st.others > 0 {
-            st.share.max(1)
-        } else {
-            u32::MAX
-        };
-        let slots = u32::try_from(st.held.len())
-            .unwrap_or(u32::MAX)
-            .min(by_share);
-        self.queue.set_cluster_slots(Some(slots));
+        self.queue.set_cluster_slots(Some(self.slots(st)));
     }
 }
 

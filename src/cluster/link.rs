@@ -2,22 +2,44 @@
 //! reconnects by itself) with a hard timeout on every call, and the degraded-mode flag.
 //!
 //! Invariants: no call waits longer than `timeout_ms` (connect or response); a call that fails
-//! for lack of Redis (I/O, timeout, refused, dropped) puts the replica in degraded mode —
-//! `fairgate_cluster_degraded` = 1 and one `error` log line on entering — and the first call
-//! that succeeds again leaves it (`info` line, gauge 0) and bumps [`Link::epoch`], by which every
-//! component knows to rejoin from fresh state (no lease, no service baseline is carried over).
+//! for lack of Redis (I/O, timeout, refused, dropped) fails that call only — its caller falls
+//! back for that one call (see each component) — until failures have lasted: at least
+//! [`FAILURES_TO_DEGRADE`] in a row spanning at least `degrade_after_ms` put the replica in
+//! degraded mode (`fairgate_cluster_degraded` = 1 and one `error` log line on entering). So a
+//! call merely slower than the timeout (a replica starved of CPU, a Redis fork) no longer flips
+//! a replica, while a dead Redis is declared so within `degrade_after_ms` plus one call. The
+//! first call that succeeds leaves it (`info` line, gauge 0) and bumps [`Link::epoch`], by which
+//! every component knows to rejoin from fresh state (no service baseline is carried over; leases
+//! still held are renewed if Redis still has them, else reported lost).
 //! A Redis *answer* that is an error (a script bug) is logged and fails that call only.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{ErrorKind, FromRedisValue, RedisError, ScriptInvocation};
+
+/// Consecutive failed calls (spanning `degrade_after_ms`) that enter degraded mode.
+pub const FAILURES_TO_DEGRADE: u32 = 3;
+
+/// The current run of failed calls.
+#[derive(Default)]
+struct Streak {
+    failures: u32,
+    since: Option<Instant>,
+}
 
 /// The connection, its timeout and the degraded flag; see the module docs.
 pub struct Link {
     conn: ConnectionManager,
     timeout: Duration,
+    degrade_after: Duration,
+    /// Whether the last call failed (the success path touches only this atomic).
+    failing: AtomicBool,
+    streak: Mutex<Streak>,
     degraded: AtomicBool,
     epoch: AtomicU64,
     gauge: metrics::Gauge,
@@ -62,6 +84,9 @@ impl Link {
         Ok(Self {
             conn,
             timeout,
+            degrade_after: Duration::from_millis(cfg.degrade_after_ms),
+            failing: AtomicBool::new(false),
+            streak: Mutex::default(),
             degraded: AtomicBool::new(false),
             epoch: AtomicU64::new(0),
             gauge,
@@ -114,6 +139,17 @@ impl Link {
     }
 
     fn down(&self, why: &str) {
+        self.failing.store(true, Ordering::Release);
+        let lasting = {
+            let mut s = self.streak.lock().unwrap_or_else(|p| p.into_inner());
+            s.failures = s.failures.saturating_add(1);
+            let since = *s.since.get_or_insert_with(Instant::now);
+            s.failures >= FAILURES_TO_DEGRADE && since.elapsed() >= self.degrade_after
+        };
+        if !lasting {
+            tracing::debug!(replica = %self.replica, error = why, "cluster: a Redis call failed");
+            return;
+        }
         if !self.degraded.swap(true, Ordering::AcqRel) {
             self.gauge.set(1.0);
             tracing::error!(
@@ -126,6 +162,9 @@ impl Link {
     }
 
     fn up(&self) {
+        if self.failing.swap(false, Ordering::AcqRel) {
+            *self.streak.lock().unwrap_or_else(|p| p.into_inner()) = Streak::default();
+        }
         if self.degraded.swap(false, Ordering::AcqRel) {
             self.epoch.fetch_add(1, Ordering::AcqRel);
             self.gauge.set(0.0);

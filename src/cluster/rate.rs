@@ -8,7 +8,8 @@
 //! moves the token bucket's TAT back (never past "full"), debt moves it ahead (at most two
 //! buckets) — the same ±one-bucket bound as the in-memory ledger.
 //!
-//! Degraded mode (Redis unreachable or slower than `timeout_ms`), stated per limit:
+//! Degraded mode (Redis unreachable for `degrade_after_ms`; a single call that fails or is slower
+//! than `timeout_ms` gets the same answer for that call alone), stated per limit:
 //! - `requests_per_minute` is **soft**: each replica admits against a local bucket of
 //!   `requests_per_minute / expected_replicas`, so the cluster stays near the limit.
 //! - `tokens_per_minute` is a **hard** budget: it fails closed — a tenant with one gets 429

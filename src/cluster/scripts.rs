@@ -10,7 +10,9 @@ use redis::Script;
 /// room — at most this replica's fair share while other replicas are waiting.
 ///
 /// KEYS: leases (zset member `replica:id`, score expiry ms), active replicas (zset, score
-/// expiry), waiting replicas (zset), shared learned limit (string, with a TTL).
+/// expiry), waiting replicas (zset), shared learned limit (string, with a 60 s TTL; in force:
+/// the published estimate + 1 per second since it was published, so an estimate below the
+/// provider's capacity is probed back up like an additive increase, and a cut republishes).
 /// ARGV: replica, ttl_ms, configured limit, demand, published limit (0: none),
 /// n_release, ids…, n_renew, ids…, n_new, ids…
 /// Returns {granted ids, lost ids, share, others waiting, limit in force, leases in the pool}.
@@ -28,7 +30,12 @@ if publish > 0 then
   redis.call('SET', KEYS[4], publish, 'PX', 60000)
 end
 local shared = tonumber(redis.call('GET', KEYS[4]) or '')
-if shared and shared < limit then limit = math.max(shared, 1) end
+if shared then
+  -- Probing back up: +1 per second since the last cut (the key's age, from its TTL).
+  local age = 60000 - redis.call('PTTL', KEYS[4])
+  shared = shared + math.floor(math.max(age, 0) / 1000)
+  if shared < limit then limit = math.max(shared, 1) end
+end
 for k = 1, 3 do redis.call('ZREMRANGEBYSCORE', KEYS[k], '-inf', now) end
 local i = 6
 local n = tonumber(ARGV[i]); i = i + 1

@@ -22,6 +22,12 @@ pub struct ClusterConfig {
     /// Timeout of every Redis call (connect and response); no request waits longer on Redis.
     #[serde(default = "default_timeout")]
     pub timeout_ms: u64,
+    /// Degraded mode starts only once Redis calls have kept failing (at least three in a row)
+    /// for this long: a call merely slower than `timeout_ms` (a stalled replica, a Redis fork)
+    /// fails that call alone, while the replica keeps running on the leases it holds. Must be
+    /// below `lease_ttl_ms`.
+    #[serde(default = "default_degrade_after")]
+    pub degrade_after_ms: u64,
     /// This replica's name in Redis (default: host name, pid and a random suffix). Must be
     /// unique per running replica.
     #[serde(default)]
@@ -43,6 +49,9 @@ fn default_replicas() -> u32 {
 }
 fn default_timeout() -> u64 {
     100
+}
+fn default_degrade_after() -> u64 {
+    1_000
 }
 fn default_prefix() -> String {
     "fairgate".to_owned()
@@ -77,6 +86,12 @@ pub(super) fn validate(c: &ClusterConfig) -> Result<(), ConfigError> {
             "lease_ttl_ms",
             "must be at least 3 × max(timeout_ms, sync_interval_ms): leases are renewed every \
              third of it",
+        ));
+    }
+    if c.degrade_after_ms >= c.lease_ttl_ms {
+        return Err(invalid(
+            "degrade_after_ms",
+            "must be below lease_ttl_ms: a replica rides out failures on the leases it holds",
         ));
     }
     if c.expected_replicas == 0 {
@@ -115,8 +130,13 @@ mod tests {
         let c = load("redis_url = \"redis://127.0.0.1:6379\"").unwrap();
         let c = c.cluster.unwrap();
         assert_eq!(
-            (c.lease_ttl_ms, c.expected_replicas, c.timeout_ms),
-            (5000, 3, 100)
+            (
+                c.lease_ttl_ms,
+                c.expected_replicas,
+                c.timeout_ms,
+                c.degrade_after_ms
+            ),
+            (5000, 3, 100, 1000)
         );
         assert_eq!(c.replica_id, None);
     }
@@ -141,6 +161,10 @@ mod tests {
             (
                 "redis_url = \"redis://h\"\ntimeout_ms = 0",
                 "cluster.timeout_ms",
+            ),
+            (
+                "redis_url = \"redis://h\"\ndegrade_after_ms = 5000",
+                "cluster.degrade_after_ms",
             ),
             ("redis_url = \"redis://h\"\nleases = 3", "cluster.leases"),
             ("lease_ttl_ms = 3000", "cluster"),

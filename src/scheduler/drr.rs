@@ -6,7 +6,13 @@
 //!   that runs out of pool capacity is resumed by the next dispatch, without a new quantum.
 //! - **New tenants first** (as in FQ-CoDel's new-flow list): a tenant that becomes active is
 //!   visited before the round robin resumes, so it waits for one free slot — about one service
-//!   time — not for a quantum of someone else's work, whatever their request sizes. To keep this
+//!   time — not for a quantum of someone else's work, whatever their request sizes. That holds
+//!   among newcomers too: several tenants that become active while the pool has no free slot (a
+//!   paused pool; in cluster mode a replica that holds no lease yet) get their first requests
+//!   out one free slot each, in arrival order, and only then does any of their visits run on —
+//!   a newcomer cuts into another newcomer's turn after its first request like into any visit
+//!   (it once waited for the whole turn: a quantum of the tenant that happened to queue first,
+//!   ~50 requests in `tests/cluster.rs`'s noisy-neighbour test). To keep this
 //!   from being gamed, a tenant whose queue empties keeps its place in the round robin until its
 //!   next turn and is idle only if still empty then: a tenant that comes back within a round
 //!   (a closed-loop client, say) waits its turn like everyone else.
@@ -60,8 +66,6 @@ struct DrrTenant {
     in_visit: bool,
     /// Activated since its last full turn: its next turn comes after the round's old tenants.
     newcomer: bool,
-    /// Sequence number of its current (or last) visit.
-    visit_seq: u64,
     /// The round its current (or last) visit counts for.
     visit_round: u64,
     /// Bumped when its calendar entry is withdrawn (an early turn); stale entries are skipped.
@@ -80,7 +84,6 @@ impl Default for DrrTenant {
             last_round: 0,
             in_visit: false,
             newcomer: false,
-            visit_seq: 0,
             visit_round: 0,
             gen: 0,
             early: None,
@@ -121,12 +124,10 @@ impl DrrTenant {
 #[derive(Debug)]
 pub(crate) struct Drr {
     tenants: Vec<DrrTenant>,
-    /// Newcomers with the visit sequence number current when they arrived.
-    fresh: VecDeque<(TenantKey, u64)>,
+    /// Newcomers, in arrival order.
+    fresh: VecDeque<TenantKey>,
     /// Tenants back within a round, taking their next turn early (after the newcomers).
-    early: VecDeque<(TenantKey, u64)>,
-    /// Number of visits started so far.
-    visits: u64,
+    early: VecDeque<TenantKey>,
     /// (round, tier) → tenants due. Tier 1 holds newcomers after their turn: they come after
     /// the tenants that were already in the round robin when they arrived.
     calendar: BTreeMap<(u64, u8), VecDeque<(TenantKey, u32)>>,
@@ -142,7 +143,6 @@ impl Default for Drr {
             tenants: Vec::new(),
             fresh: VecDeque::new(),
             early: VecDeque::new(),
-            visits: 0,
             calendar: BTreeMap::new(),
             spare: Vec::new(),
             round: 1,
@@ -190,7 +190,7 @@ impl Drr {
                 dt.in_visit = false;
                 dt.newcomer = true;
                 dt.last_round = round - 1;
-                self.fresh.push_back((t, self.visits));
+                self.fresh.push_back(t);
             }
             // Back within a round (its queue had emptied): it takes the turn it is due next
             // round now, at the next free slot, instead of waiting for the rest of this round;
@@ -199,7 +199,7 @@ impl Drr {
                 dt.gen = dt.gen.wrapping_add(1);
                 dt.early = Some(due);
                 dt.state = State::Fresh;
-                self.early.push_back((t, self.visits));
+                self.early.push_back(t);
             }
             _ => {}
         }
@@ -266,39 +266,22 @@ impl Drr {
         cost: &mut CostOf<'_>,
     ) -> Option<(Ticket, Tokens)> {
         loop {
-            let waiting = match self.fresh.front() {
-                Some(&f) => Some((f, true)),
-                None => self.early.front().map(|&e| (e, false)),
-            };
-            if let Some(((t, since), is_fresh)) = waiting {
-                // A newcomer's turn: it goes to the head of the current round, ahead of a visit
-                // that started before it arrived (which resumes after it, without a new
-                // quantum); newcomers that were already waiting when that visit began wait for
-                // its end.
-                let visiting = self.calendar.first_key_value().and_then(|(_, b)| b.front());
-                let wait = visiting.is_some_and(|&(v, gen)| {
-                    let v = &self.tenants[v.idx()];
-                    v.gen == gen && v.in_visit && v.visit_seq > since
-                });
-                if !wait {
-                    if is_fresh {
-                        self.fresh.pop_front();
-                    } else {
-                        self.early.pop_front();
-                    }
-                    let first = (self.round, 0);
-                    let key = self
-                        .calendar
-                        .first_key_value()
-                        .map_or(first, |(&k, _)| k.min(first));
-                    let spare = &mut self.spare;
-                    let gen = self.tenants[t.idx()].gen;
-                    self.calendar
-                        .entry(key)
-                        .or_insert_with(|| spare.pop().unwrap_or_default())
-                        .push_front((t, gen));
-                    self.tenants[t.idx()].state = State::Parked(self.round);
-                }
+            if let Some(t) = self.fresh.pop_front().or_else(|| self.early.pop_front()) {
+                // A newcomer's turn: it goes to the head of the current round, ahead of the
+                // visit in progress (which resumes after it, without a new quantum) — also when
+                // that visit is another newcomer's turn, which has had its first request.
+                let first = (self.round, 0);
+                let key = self
+                    .calendar
+                    .first_key_value()
+                    .map_or(first, |(&k, _)| k.min(first));
+                let spare = &mut self.spare;
+                let gen = self.tenants[t.idx()].gen;
+                self.calendar
+                    .entry(key)
+                    .or_insert_with(|| spare.pop().unwrap_or_default())
+                    .push_front((t, gen));
+                self.tenants[t.idx()].state = State::Parked(self.round);
             }
             self.sync_round();
             let (&(round, _), bucket) = self.calendar.first_key_value()?;
@@ -325,8 +308,6 @@ impl Drr {
                 continue;
             }
             if !dt.in_visit {
-                self.visits += 1;
-                dt.visit_seq = self.visits;
                 dt.visit_round = dt.early.take().map_or(round, |due| due.max(round));
                 dt.start_visit(dt.visit_round, quantum);
             }

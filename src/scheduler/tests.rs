@@ -77,8 +77,10 @@ fn a_visit_dispatches_heads_while_they_fit() {
         push(&mut s, t[0], 30);
         push(&mut s, t[1], 30);
     }
-    // Each visit adds 100 once: three heads of 30 fit, the fourth does not.
-    assert_eq!(drain(&mut s, 12), vec![0, 0, 0, 1, 1, 1, 0, 0, 0, 1, 1, 1]);
+    // Each visit adds 100 once: three heads of 30 fit, the fourth does not. Both start as
+    // newcomers: A's first request, then B cuts in for its whole visit, then A's visit resumes
+    // (two more fit its 100); from then on, whole visits of three.
+    assert_eq!(drain(&mut s, 12), vec![0, 1, 1, 1, 0, 0, 1, 1, 1, 0, 0, 0]);
 }
 
 #[test]
@@ -227,8 +229,11 @@ fn refunds_do_not_stretch_a_visit_or_bank_credit() {
     // A huge refund mid-visit: the visit still ends after its 100 tokens.
     s.reconcile(g1.slot, Tokens(0));
     s.reconcile(g1.slot, Tokens(0));
-    let g2 = next(&mut s).unwrap();
-    assert_eq!(g2.item.0, 0);
+    // B, a newcomer too, cuts in after A's first request for its whole visit...
+    assert_eq!(next(&mut s).unwrap().item.0, 1);
+    assert_eq!(next(&mut s).unwrap().item.0, 1);
+    // ...then A's visit resumes for its remaining 50 and ends there: B's next visit follows.
+    assert_eq!(next(&mut s).unwrap().item.0, 0);
     assert_eq!(next(&mut s).unwrap().item.0, 1);
     assert_eq!(next(&mut s).unwrap().item.0, 1);
     // Next visit: at most one extra quantum of the refund is given back.
@@ -478,4 +483,21 @@ fn a_newcomer_goes_next_even_when_the_backlogged_tenant_is_charged_debt_from_els
     s.complete(slot);
     let g = next(&mut s).unwrap();
     assert_eq!(g.item.0, k[1].idx(), "the newcomer goes next");
+}
+
+#[test]
+fn newcomers_that_queued_while_the_pool_had_no_slot_each_go_within_one_free_slot() {
+    // Cluster mode: a replica holds no lease yet (capacity 0) while a noisy tenant queues a
+    // quantum's worth and then a small one arrives. Once slots come, the small request must
+    // not wait for the noisy tenant's whole first visit.
+    let mut s = sched(Policy::Drr, 1024, 0);
+    let k = add(&mut s, 2, 1.0, None);
+    for _ in 0..50 {
+        push(&mut s, k[0], 20);
+    }
+    push(&mut s, k[1], 20);
+    assert!(next(&mut s).is_none(), "no slot, no dispatch");
+    s.set_capacity(2);
+    let first: Vec<usize> = (0..2).map(|_| next(&mut s).unwrap().item.0).collect();
+    assert_eq!(first, vec![k[0].idx(), k[1].idx()]);
 }
