@@ -163,6 +163,9 @@ pub struct ServerConfig {
     pub shutdown_grace_ms: u64,
     /// Optional inbound TLS.
     pub tls: Option<TlsConfig>,
+    /// Threads serving client connections, each with its own single-threaded runtime and
+    /// accept loop (absent: one per CPU core).
+    pub workers: Option<usize>,
 }
 
 impl Default for ServerConfig {
@@ -173,6 +176,7 @@ impl Default for ServerConfig {
             max_body_bytes: 8 * 1024 * 1024,
             shutdown_grace_ms: 30_000,
             tls: None,
+            workers: None,
         }
     }
 }

@@ -122,6 +122,9 @@ pub fn validate(c: &Config) -> Result<(), ConfigError> {
             return Err(invalid("server.tenant_header", "not a valid header name"));
         }
     }
+    if matches!(c.server.workers, Some(n) if n == 0 || n > 256) {
+        return Err(invalid("server.workers", "must be between 1 and 256"));
+    }
     if c.server.max_body_bytes == 0 {
         return Err(invalid("server.max_body_bytes", "must be > 0"));
     }
@@ -313,6 +316,14 @@ base_url = "http://127.0.0.1:9000/v1"
         let e = err("[[tenants]]\nid = \"a\"\napi_keys = [\"k\"]\nwieght = 2.0\n");
         assert!(e.starts_with("tenants[0].wieght"), "{e}");
         assert!(e.contains("unknown field"), "{e}");
+    }
+
+    #[test]
+    fn workers_must_be_positive() {
+        let e = err("[server]\nworkers = 0\n");
+        assert!(e.starts_with("server.workers"), "{e}");
+        let ok = Config::from_toml_str(&format!("[server]\nworkers = 4\n{BASE}")).unwrap();
+        assert_eq!(ok.server.workers, Some(4));
     }
 
     #[test]

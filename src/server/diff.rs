@@ -61,6 +61,7 @@ pub fn pin_restart_only(old: &Config, new: &mut Config) -> Vec<&'static str> {
     pin!(server.listen, "server.listen");
     pin!(server.tls, "server.tls");
     pin!(server.shutdown_grace_ms, "server.shutdown_grace_ms");
+    pin!(server.workers, "server.workers");
     pin!(admin.listen, "admin.listen");
     pin!(scheduler.policy, "scheduler.policy");
     pin!(estimate, "estimate");

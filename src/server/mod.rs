@@ -12,6 +12,7 @@ pub mod live;
 pub mod ops;
 mod reload;
 mod tls;
+pub mod workers;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -21,12 +22,11 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use http::{HeaderName, Request, Response};
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio::task::{JoinHandle, JoinSet};
+use tokio::task::JoinHandle;
 use tower::ServiceBuilder;
 
 use crate::admission::{self, Admission};
@@ -78,11 +78,12 @@ impl State {
     pub fn new(config: Config) -> Result<Self, ConfigError> {
         let env = |var: &str| std::env::var(var).ok();
         let tenants = Arc::new(Directory::from_config(&config, env)?);
+        let lanes = workers::count(&config.server);
         let upstreams = config
             .upstreams
             .iter()
             .enumerate()
-            .map(|(i, u)| Upstream::from_config(u, i, env).map(Arc::new))
+            .map(|(i, u)| Upstream::from_config(u, i, lanes, env).map(Arc::new))
             .collect::<Result<Vec<_>, _>>()?;
         let admin_token = Self::admin_token(&config, env)?;
         let estimator = Arc::new(Estimator::new(&config.estimate, &config.models));
@@ -273,7 +274,20 @@ async fn start_with(
     path: Option<PathBuf>,
     listener: TcpListener,
 ) -> Result<ServerHandle, StartError> {
-    let addr = listener.local_addr()?;
+    let n = workers::count(&config.server);
+    start_on(config, path, workers::share(listener, n)?).await
+}
+
+/// Starts the server on `listeners` (one per connection worker, all on one address).
+async fn start_on(
+    config: Config,
+    path: Option<PathBuf>,
+    listeners: Vec<std::net::TcpListener>,
+) -> Result<ServerHandle, StartError> {
+    let addr = listeners
+        .first()
+        .ok_or_else(|| std::io::Error::other("no listener"))?
+        .local_addr()?;
     let tls = match &config.server.tls {
         Some(t) => Some(tls::acceptor(t).map_err(StartError::Tls)?),
         None => None,
@@ -286,15 +300,21 @@ async fn start_with(
     let pools = state.pools.clone();
     let admission = state.admission.clone();
     let estimator = state.estimator.clone();
-    let grace = Duration::from_millis(state.config.server.shutdown_grace_ms);
     let live = Live::new(state.clone(), path);
-    let service = live::LiveService::new(live.clone(), false);
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(Duration::from_secs(30));
-    let (stop, mut stopped) = watch::channel(false);
+    let conns = workers::Conns {
+        builder,
+        service: live::LiveService::new(live.clone(), false),
+        tls,
+        grace: Duration::from_millis(state.config.server.shutdown_grace_ms),
+        ready: state.ready.clone(),
+    };
+    let (stop, stopped) = watch::channel(false);
+    let done = workers::spawn(listeners, &conns, &stopped)?;
     if let Some(cluster) = &state.cluster {
         cluster.spawn(stop.subscribe());
     }
@@ -307,62 +327,10 @@ async fn start_with(
         None => None,
     };
     state.ready.store(true, Ordering::Release);
-    let ready = state.ready.clone();
     let join = tokio::spawn(async move {
-        let graceful = GracefulShutdown::new();
-        let mut conns = JoinSet::new();
-        loop {
-            tokio::select! {
-                biased;
-                _ = async { let _ = stopped.wait_for(|s| *s).await; } => break,
-                Some(_) = conns.join_next() => {}
-                accepted = listener.accept() => {
-                    let (stream, _peer) = match accepted {
-                        Ok(a) => a,
-                        Err(e) => {
-                            tracing::warn!(error = %e, "accept failed");
-                            tokio::time::sleep(Duration::from_millis(50)).await;
-                            continue;
-                        }
-                    };
-                    let _ = stream.set_nodelay(true);
-                    let (builder, service, watcher) =
-                        (builder.clone(), service.clone(), graceful.watcher());
-                    let tls = tls.clone();
-                    conns.spawn(async move {
-                        let result = match tls {
-                            None => {
-                                let conn = builder.serve_connection(TokioIo::new(stream), service);
-                                watcher.watch(conn).await
-                            }
-                            Some(acceptor) => {
-                                let handshake = acceptor.accept(stream);
-                                let Ok(Ok(stream)) =
-                                    tokio::time::timeout(Duration::from_secs(10), handshake).await
-                                else {
-                                    return;
-                                };
-                                let conn = builder.serve_connection(TokioIo::new(stream), service);
-                                watcher.watch(conn).await
-                            }
-                        };
-                        if let Err(e) = result {
-                            tracing::debug!(error = %e, "connection ended with an error");
-                        }
-                    });
-                }
-            }
+        for worker in done {
+            let _ = worker.await;
         }
-        ready.store(false, Ordering::Release);
-        drop(listener);
-        tracing::info!(connections = conns.len(), "shutting down: draining");
-        tokio::select! {
-            _ = graceful.shutdown() => tracing::info!("drained"),
-            _ = tokio::time::sleep(grace) => {
-                tracing::warn!(connections = conns.len(), "grace period over: aborting");
-            }
-        }
-        conns.shutdown().await;
     });
     Ok(ServerHandle {
         addr,
@@ -379,9 +347,9 @@ async fn start_with(
 /// `fairgate serve`: binds `[server] listen`, serves until SIGTERM/SIGINT, then drains. With
 /// `path` (the file `config` was loaded from), SIGHUP reloads it.
 pub async fn run(config: Config, path: Option<PathBuf>) -> Result<(), StartError> {
-    let listener = TcpListener::bind(config.server.listen).await?;
+    let listeners = workers::bind(config.server.listen, workers::count(&config.server)).await?;
     let reloadable = path.is_some();
-    let handle = start_with(config, path, listener).await?;
+    let handle = start_on(config, path, listeners).await?;
     tracing::info!(addr = %handle.addr, admin = ?handle.admin_addr, "fairgate listening");
     if reloadable {
         reload_on_sighup(handle.live.clone());

@@ -89,7 +89,7 @@ impl State {
             .collect();
         let mut upstreams = Vec::with_capacity(config.upstreams.len());
         for (i, u) in config.upstreams.iter().enumerate() {
-            let fresh = Upstream::from_config(u, i, env)?;
+            let fresh = Upstream::from_config(u, i, super::workers::count(&config.server), env)?;
             // An unchanged upstream keeps its client (and pooled connections).
             let kept = old_index[i]
                 .filter(|&j| format!("{:?}", self.config.upstreams[j]) == format!("{u:?}"))

@@ -56,7 +56,9 @@ pub struct Upstream {
     authority: http::uri::Authority,
     prefix: String,
     api_key: Option<HeaderValue>,
-    client: HttpClient,
+    /// One pooled client per connection worker ([`crate::server::workers`]): a worker's
+    /// requests use its own connections, whose tasks run on its own runtime.
+    clients: Box<[HttpClient]>,
 }
 
 impl std::fmt::Debug for Upstream {
@@ -109,11 +111,12 @@ impl ApiError for Error {
 }
 
 impl Upstream {
-    /// Builds an upstream (and its client) from `[[upstreams]]` entry `index`; `env` resolves
-    /// `api_key_env` (unset → error naming the key).
+    /// Builds an upstream (and `lanes` pooled clients, one per connection worker) from
+    /// `[[upstreams]]` entry `index`; `env` resolves `api_key_env` (unset → error naming the key).
     pub fn from_config(
         cfg: &UpstreamConfig,
         index: usize,
+        lanes: usize,
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<Self, ConfigError> {
         let key = |k: &str| format!("upstreams[{index}].{k}");
@@ -155,9 +158,10 @@ impl Upstream {
             authority,
             prefix,
             api_key,
-            client: client(
+            clients: clients(
                 Duration::from_millis(cfg.connect_timeout_ms),
                 cfg.max_concurrency,
+                lanes,
             ),
         })
     }
@@ -187,7 +191,7 @@ impl Upstream {
     }
 }
 
-fn client(connect_timeout: Duration, pool: usize) -> HttpClient {
+fn clients(connect_timeout: Duration, pool: usize, lanes: usize) -> Box<[HttpClient]> {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);
@@ -203,10 +207,15 @@ fn client(connect_timeout: Duration, pool: usize) -> HttpClient {
         .enable_http1()
         .enable_http2()
         .wrap_connector(http);
-    Client::builder(TokioExecutor::new())
-        .pool_max_idle_per_host(pool)
-        .pool_idle_timeout(Duration::from_secs(90))
-        .build(connector)
+    (0..lanes.max(1))
+        .map(|_| {
+            Client::builder(TokioExecutor::new())
+                .pool_max_idle_per_host(pool)
+                .pool_idle_timeout(Duration::from_secs(90))
+                .pool_timer(hyper_util::rt::TokioTimer::new())
+                .build(connector.clone())
+        })
+        .collect()
 }
 
 /// The innermost service: forwards to the routed upstream.
@@ -261,7 +270,8 @@ impl tower::Service<Request<Bytes>> for Service {
         *out.uri_mut() = uri;
         *out.version_mut() = Version::HTTP_11;
         *out.headers_mut() = parts.headers;
-        let fut = upstream.client.request(out);
+        let lane = crate::server::workers::current() % upstream.clients.len();
+        let fut = upstream.clients[lane].request(out);
         Box::pin(async move {
             let res = match tokio::time::timeout(upstream.first_byte_timeout, fut).await {
                 Err(_) => {
@@ -297,7 +307,7 @@ mod tests {
             "name = \"u\"\nbase_url = \"{base_url}\"\nmodels = [\"gpt-*\", \"exact\"]\n"
         ))
         .unwrap();
-        Upstream::from_config(&cfg, 0, |_| None).unwrap()
+        Upstream::from_config(&cfg, 0, 1, |_| None).unwrap()
     }
 
     #[test]
@@ -333,7 +343,7 @@ mod tests {
         let cfg: UpstreamConfig =
             toml::from_str("name = \"u\"\nbase_url = \"http://a/v1\"\napi_key_env = \"NOPE_X\"\n")
                 .unwrap();
-        let e = Upstream::from_config(&cfg, 2, |_| None)
+        let e = Upstream::from_config(&cfg, 2, 1, |_| None)
             .unwrap_err()
             .to_string();
         assert!(

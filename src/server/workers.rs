@@ -1,0 +1,251 @@
+//! Connection workers: `[server] workers` threads, each running its own single-threaded tokio
+//! runtime and its own accept loop, so a request is read, scheduled, forwarded and answered on
+//! one core without cross-thread wake-ups (the shape of a thread-per-core server).
+//!
+//! Invariants:
+//! - A worker serves only the connections it accepted; the upstream client it forwards with is
+//!   its own lane ([`current`] indexes [`crate::upstream::Upstream`]'s clients), so connection
+//!   tasks, timers and the request future share one runtime. Shared state (tenants, fair queues,
+//!   admission, metrics) is `Send + Sync` and crosses workers freely; a fair-queue grant made on
+//!   another worker wakes the waiter through its runtime's remote queue.
+//! - `serve` binds one `SO_REUSEPORT` socket per worker (the kernel spreads connections);
+//!   an already bound listener (tests, embedding) is shared by duplicating its descriptor.
+//! - On stop every worker stops accepting, drains its connections for at most the grace period,
+//!   aborts the rest, and reports done; the server has stopped when every worker has.
+
+use std::cell::Cell;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::{TcpListener, TcpSocket};
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinSet;
+use tokio_rustls::TlsAcceptor;
+
+use crate::config::ServerConfig;
+
+use super::live::LiveService;
+
+thread_local! {
+    static WORKER: Cell<usize> = const { Cell::new(0) };
+}
+
+/// The index of the connection worker running on this thread (0 on any other thread).
+pub fn current() -> usize {
+    WORKER.with(Cell::get)
+}
+
+/// How many workers `server` asks for (`workers`, else one per CPU core).
+pub fn count(server: &ServerConfig) -> usize {
+    server.workers.unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    })
+}
+
+/// Binds `n` listening sockets on `addr` with `SO_REUSEPORT` (one per worker). Call inside a
+/// runtime; the sockets are handed to the workers' runtimes by [`spawn`].
+pub async fn bind(addr: SocketAddr, n: usize) -> std::io::Result<Vec<std::net::TcpListener>> {
+    let mut out = Vec::with_capacity(n);
+    // Port 0: the first socket picks the port, the others join it.
+    let mut at = addr;
+    for _ in 0..n.max(1) {
+        let socket = if at.is_ipv4() {
+            TcpSocket::new_v4()?
+        } else {
+            TcpSocket::new_v6()?
+        };
+        socket.set_reuseaddr(true)?;
+        #[cfg(unix)]
+        socket.set_reuseport(true)?;
+        socket.bind(at)?;
+        let listener = socket.listen(1024)?;
+        at = listener.local_addr()?;
+        out.push(listener.into_std()?);
+        #[cfg(not(unix))]
+        break;
+    }
+    Ok(out)
+}
+
+/// One listener shared by `n` workers: the first gets it, the others a duplicate descriptor.
+pub fn share(listener: TcpListener, n: usize) -> std::io::Result<Vec<std::net::TcpListener>> {
+    let first = listener.into_std()?;
+    let mut out = Vec::with_capacity(n.max(1));
+    for _ in 1..n.max(1) {
+        out.push(first.try_clone()?);
+    }
+    out.insert(0, first);
+    Ok(out)
+}
+
+/// What every worker serves its connections with.
+#[derive(Clone)]
+pub struct Conns {
+    /// HTTP/1 + HTTP/2 connection builder.
+    pub builder: auto::Builder<TokioExecutor>,
+    /// The request path (follows reloads).
+    pub service: LiveService,
+    /// Inbound TLS, if configured.
+    pub tls: Option<TlsAcceptor>,
+    /// Drain time on stop.
+    pub grace: Duration,
+    /// `/readyz`: cleared when stopping.
+    pub ready: Arc<AtomicBool>,
+}
+
+/// Starts one worker thread per listener; each answers on its receiver when it has stopped.
+/// Runtimes are built before any thread starts, so a failure leaves nothing running.
+pub fn spawn(
+    listeners: Vec<std::net::TcpListener>,
+    conns: &Conns,
+    stop: &watch::Receiver<bool>,
+) -> std::io::Result<Vec<oneshot::Receiver<()>>> {
+    let runtimes = listeners
+        .iter()
+        .map(|_| {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+        })
+        .collect::<std::io::Result<Vec<_>>>()?;
+    // Workers log where the server was started from (a scoped subscriber in tests, else global).
+    let dispatch = tracing::dispatcher::get_default(|d| d.clone());
+    let mut done = Vec::with_capacity(runtimes.len());
+    for (index, (rt, listener)) in runtimes.into_iter().zip(listeners).enumerate() {
+        let (tx, rx) = oneshot::channel();
+        let (conns, stop, dispatch) = (conns.clone(), stop.clone(), dispatch.clone());
+        std::thread::Builder::new()
+            .name(format!("fairgate-w{index}"))
+            .spawn(move || {
+                WORKER.with(|w| w.set(index));
+                let _log = tracing::dispatcher::set_default(&dispatch);
+                rt.block_on(async move {
+                    match TcpListener::from_std(listener) {
+                        Ok(l) => accept_loop(index, l, conns, stop).await,
+                        Err(e) => tracing::error!(worker = index, error = %e, "listener unusable"),
+                    }
+                });
+                // Connection tasks still alive here were aborted by `accept_loop`; dropping the
+                // runtime drops the rest (idle upstream connections).
+                drop(rt);
+                let _ = tx.send(());
+            })?;
+        done.push(rx);
+    }
+    Ok(done)
+}
+
+/// Accepts and serves connections until `stop` turns true (or its sender is dropped), then
+/// drains for at most `conns.grace`.
+async fn accept_loop(
+    worker: usize,
+    listener: TcpListener,
+    conns: Conns,
+    mut stop: watch::Receiver<bool>,
+) {
+    let graceful = GracefulShutdown::new();
+    let mut tasks = JoinSet::new();
+    loop {
+        tokio::select! {
+            biased;
+            _ = async { let _ = stop.wait_for(|s| *s).await; } => break,
+            Some(_) = tasks.join_next() => {}
+            accepted = listener.accept() => {
+                let (stream, _peer) = match accepted {
+                    Ok(a) => a,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let _ = stream.set_nodelay(true);
+                let (builder, service, watcher) =
+                    (conns.builder.clone(), conns.service.clone(), graceful.watcher());
+                let tls = conns.tls.clone();
+                tasks.spawn(async move {
+                    let result = match tls {
+                        None => {
+                            let conn = builder.serve_connection(TokioIo::new(stream), service);
+                            watcher.watch(conn).await
+                        }
+                        Some(acceptor) => {
+                            let handshake = acceptor.accept(stream);
+                            let Ok(Ok(stream)) =
+                                tokio::time::timeout(Duration::from_secs(10), handshake).await
+                            else {
+                                return;
+                            };
+                            let conn = builder.serve_connection(TokioIo::new(stream), service);
+                            watcher.watch(conn).await
+                        }
+                    };
+                    if let Err(e) = result {
+                        tracing::debug!(error = %e, "connection ended with an error");
+                    }
+                });
+            }
+        }
+    }
+    conns.ready.store(false, Ordering::Release);
+    drop(listener);
+    tracing::info!(worker, connections = tasks.len(), "shutting down: draining");
+    tokio::select! {
+        _ = graceful.shutdown() => tracing::info!(worker, "drained"),
+        _ = tokio::time::sleep(conns.grace) => {
+            tracing::warn!(worker, connections = tasks.len(), "grace period over: aborting");
+        }
+    }
+    tasks.shutdown().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn bind_puts_every_worker_on_one_port_and_each_socket_accepts() {
+        let listeners = bind(SocketAddr::from(([127, 0, 0, 1], 0)), 3)
+            .await
+            .unwrap();
+        assert_eq!(listeners.len(), 3);
+        let addr = listeners[0].local_addr().unwrap();
+        assert_ne!(addr.port(), 0);
+        assert!(listeners.iter().all(|l| l.local_addr().unwrap() == addr));
+        // Connections reach some socket of the group; whichever it is accepts them.
+        let clients: Vec<_> = (0..12)
+            .map(|_| std::net::TcpStream::connect(addr).unwrap())
+            .collect();
+        let mut accepted = 0;
+        for l in &listeners {
+            while l.accept().is_ok() {
+                accepted += 1;
+            }
+        }
+        assert_eq!(accepted, clients.len());
+    }
+
+    #[tokio::test]
+    async fn share_duplicates_one_listener() {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let shared = share(l, 2).unwrap();
+        assert_eq!(shared.len(), 2);
+        assert!(shared.iter().all(|l| l.local_addr().unwrap() == addr));
+    }
+
+    #[test]
+    fn workers_default_to_the_core_count() {
+        let mut c = ServerConfig::default();
+        assert!(count(&c) >= 1);
+        c.workers = Some(3);
+        assert_eq!(count(&c), 3);
+    }
+}
