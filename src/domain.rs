@@ -107,3 +107,7 @@ impl Class {
         }
     }
 }
+
+/// A hash map for the request path: keys are config-derived (tenant ids, models) or already
+/// hashes, so a fast seeded hasher (foldhash) replaces SipHash.
+pub type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;

@@ -6,7 +6,6 @@
 //! recorded, so reading an estimate (done at every dispatch, under the fair queue's lock) is one
 //! short lock and a map lookup; this lock is a leaf: nothing else is locked while it is held.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use crate::domain::TenantId;
@@ -67,11 +66,11 @@ impl Ring {
 /// The learned output history of every (tenant, model).
 #[derive(Debug, Default)]
 pub struct History {
-    rings: Mutex<HashMap<OutputKey, Ring>>,
+    rings: Mutex<crate::domain::FastMap<OutputKey, Ring>>,
 }
 
 impl History {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<OutputKey, Ring>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, crate::domain::FastMap<OutputKey, Ring>> {
         self.rings.lock().unwrap_or_else(|p| p.into_inner())
     }
 

@@ -23,8 +23,6 @@ mod request;
 mod stats;
 mod tokens;
 
-use std::collections::HashMap;
-
 use http::StatusCode;
 use serde_json::Value;
 
@@ -123,7 +121,7 @@ struct Model {
 pub struct Estimator {
     cfg: EstimateConfig,
     default_encoding: Encoding,
-    models: HashMap<String, Model>,
+    models: crate::domain::FastMap<String, Model>,
     cache: Cache,
     history: History,
     stats: Stats,

@@ -5,7 +5,6 @@
 //! tenant (ids come from the tenant directory, never from clients); a request whose estimate was
 //! zero counts with ratio `actual` (as if estimated at one token).
 
-use std::collections::HashMap;
 use std::sync::Mutex;
 
 use crate::domain::{TenantId, Tokens};
@@ -40,7 +39,7 @@ impl TenantStats {
 /// Estimate-error statistics of every tenant.
 #[derive(Debug, Default)]
 pub struct Stats {
-    tenants: Mutex<HashMap<TenantId, TenantStats>>,
+    tenants: Mutex<crate::domain::FastMap<TenantId, TenantStats>>,
 }
 
 impl Stats {

@@ -17,8 +17,7 @@
 //!   every non-empty string of at least [`CACHE_MIN_BYTES`]: even a 6-byte role name costs
 //!   ~2 µs in tiktoken (its pre-split regex runs per call), a hash and lookup ~0.1 µs.
 
-use std::collections::HashMap;
-use std::hash::{Hash, Hasher};
+use std::hash::{BuildHasher, Hash};
 use std::sync::Mutex;
 
 use tiktoken_rs::tokenizer::Tokenizer;
@@ -108,7 +107,10 @@ impl Budget {
 #[derive(Debug)]
 pub struct Cache {
     half: usize,
-    maps: Mutex<[HashMap<u64, u32>; 2]>,
+    /// Keys content with a per-process random seed, so which texts collide cannot be worked
+    /// out offline (a collision would lend one text another's count).
+    seed: foldhash::quality::RandomState,
+    maps: Mutex<[crate::domain::FastMap<u64, u32>; 2]>,
 }
 
 impl Cache {
@@ -116,7 +118,8 @@ impl Cache {
     pub fn new(capacity: usize) -> Self {
         Self {
             half: (capacity / 2).max(1),
-            maps: Mutex::new([HashMap::new(), HashMap::new()]),
+            seed: foldhash::quality::RandomState::default(),
+            maps: Mutex::default(),
         }
     }
 
@@ -146,11 +149,10 @@ impl Cache {
     }
 }
 
-fn key(enc: Encoding, text: &str) -> u64 {
-    let mut h = std::hash::DefaultHasher::new();
-    enc.hash(&mut h);
-    text.hash(&mut h);
-    h.finish()
+impl Cache {
+    fn key(&self, enc: Encoding, text: &str) -> u64 {
+        self.seed.hash_one((enc, text))
+    }
 }
 
 fn floor_char_boundary(s: &str, mut i: usize) -> usize {
@@ -184,8 +186,8 @@ pub fn count(enc: Encoding, text: &str, budget: &mut Budget, cache: Option<&Cach
         return Count::default();
     }
     let cacheable = text.len() >= CACHE_MIN_BYTES && text.len() <= budget.remaining;
-    let k = cacheable.then(|| key(enc, text));
-    if let (Some(k), Some(cache)) = (k, cache) {
+    let k = cache.filter(|_| cacheable).map(|c| (c, c.key(enc, text)));
+    if let Some((cache, k)) = k {
         if let Some(n) = cache.get(k) {
             budget.remaining -= text.len();
             budget.counted_bytes += text.len() as u64;
@@ -203,7 +205,7 @@ pub fn count(enc: Encoding, text: &str, budget: &mut Budget, cache: Option<&Cach
     budget.counted_tokens += exact;
     let rest = text.len() - exact_len;
     if rest == 0 {
-        if let (Some(k), Some(cache)) = (k, cache) {
+        if let Some((cache, k)) = k {
             cache.put(k, u32::try_from(exact).unwrap_or(u32::MAX));
         }
         return Count {

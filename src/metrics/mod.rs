@@ -63,9 +63,9 @@ pub struct Metrics {
     handle: PrometheusHandle,
     epoch: Instant,
     per_tenant_labels: bool,
-    tenants: HashMap<TenantId, (usize, Arc<TenantMetrics>)>,
+    tenants: crate::domain::FastMap<TenantId, (usize, Arc<TenantMetrics>)>,
     labels: Vec<SharedString>,
-    pools: Vec<(String, HashMap<TenantId, Arc<Served>>)>,
+    pools: Vec<(String, crate::domain::FastMap<TenantId, Arc<Served>>)>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -97,7 +97,7 @@ impl Metrics {
             handle,
             epoch: Instant::now(),
             per_tenant_labels: config.metrics.per_tenant_labels,
-            tenants: HashMap::new(),
+            tenants: Default::default(),
             labels: Vec::new(),
             pools: Vec::new(),
         };
@@ -109,7 +109,7 @@ impl Metrics {
     pub fn reloaded(&self, config: &Config) -> Arc<Self> {
         let mut labels: Vec<SharedString> = Vec::new();
         let mut by_label: HashMap<String, (usize, Arc<TenantMetrics>)> = HashMap::new();
-        let mut tenants = HashMap::new();
+        let mut tenants = crate::domain::FastMap::default();
         for t in &config.tenants {
             let label = if self.per_tenant_labels {
                 t.id.clone()

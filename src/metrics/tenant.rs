@@ -2,7 +2,6 @@
 //! through handles: a status code, reason or model seen for the first time registers its series
 //! once; after that, recording builds no label strings.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -36,9 +35,9 @@ pub struct TenantMetrics {
     error_ratio: Histogram,
     deadline_misses: Counter,
     costs: [Counter; 3],
-    statuses: Mutex<HashMap<u16, Counter>>,
-    rejected: Mutex<HashMap<&'static str, Counter>>,
-    models: Mutex<HashMap<String, (Counter, Counter)>>,
+    statuses: Mutex<crate::domain::FastMap<u16, Counter>>,
+    rejected: Mutex<crate::domain::FastMap<&'static str, Counter>>,
+    models: Mutex<crate::domain::FastMap<String, (Counter, Counter)>>,
 }
 
 impl TenantMetrics {

@@ -5,7 +5,6 @@
 //! digests, never logged or echoed; every lookup costs one hash and one map probe whether or not
 //! the key matches; an unknown or missing key never reaches later stages (401).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
@@ -100,8 +99,8 @@ pub fn parse_digest(hex_digest: &str) -> Option<[u8; 32]> {
 #[derive(Debug, Default)]
 pub struct Directory {
     /// Key digest → (tenant, recovery key?, class the key defaults to).
-    by_digest: HashMap<[u8; 32], (Arc<Tenant>, bool, Option<Class>)>,
-    by_id: HashMap<Box<str>, Arc<Tenant>>,
+    by_digest: crate::domain::FastMap<[u8; 32], (Arc<Tenant>, bool, Option<Class>)>,
+    by_id: crate::domain::FastMap<Box<str>, Arc<Tenant>>,
     header: Option<HeaderName>,
 }
 
