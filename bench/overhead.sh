@@ -19,6 +19,9 @@
 # Environment knobs:
 #   TARGETS=direct,nginx,fairgate   which rows to run (add cluster, e.g. TARGETS=fairgate,cluster)
 #   THREADS=2 CONNS=64 DURATION=10s wrk settings   WARMUP=2s  (0 to skip)
+#   ROUNDS=1                        with nginx and fairgate both run: repeat their two rows
+#                                   alternately this many times (servers kept up) and print
+#                                   every round's ratios and their median (noisy shared hosts)
 #   SKIP_BUILD=1                    reuse target/release/fairgate as is
 #   FAIRGATE_BIN=path               use another fairgate binary (implies nothing about SKIP_BUILD)
 set -euo pipefail
@@ -226,6 +229,13 @@ run_wrk() {
 
 field() { sed -n "s/.* $2=\([^ ]*\).*/\1/p" <<<"$1"; }
 
+# "nginx rps | fairgate rps | rps ratio | nginx p99 | fairgate p99 | p99 ratio" of one round.
+ratio() {
+    awk -v fr="$(field "$1" rps)" -v nr="$(field "$2" rps)" \
+        -v fp="$(field "$1" p99_ms)" -v np="$(field "$2" p99_ms)" \
+        'BEGIN { printf "%.0f | %.0f | %.2f | %.2f | %.2f | %.2f", nr, fr, fr / nr, np, fp, fp / np }'
+}
+
 declare -A RESULT
 row() {
     local name=$1 r=${RESULT[$1]:-}
@@ -263,6 +273,17 @@ main() {
         fi
     fi
 
+    local rounds="${ROUNDS:-1}" i ratios=()
+    if [ "$rounds" -gt 1 ] && [ -n "${RESULT[nginx]:-}" ] && [ -n "${RESULT[fairgate]:-}" ]; then
+        ratios+=("$(ratio "${RESULT[fairgate]}" "${RESULT[nginx]}")")
+        for i in $(seq 2 "$rounds"); do
+            local n f
+            n="$(run_wrk nginx "http://127.0.0.1:$NGINX_PORT$path")"
+            f="$(run_wrk fairgate "http://127.0.0.1:$FAIRGATE_PORT$path")"
+            ratios+=("$(ratio "$f" "$n")")
+        done
+    fi
+
     if want cluster; then
         [ -f "$WORK/fairgate.toml" ] || write_fairgate_config 0
         if start_cluster; then
@@ -286,6 +307,15 @@ main() {
         awk -v fr="$(field "${RESULT[fairgate]}" rps)" -v nr="$(field "${RESULT[nginx]}" rps)" \
             -v fp="$(field "${RESULT[fairgate]}" p99_ms)" -v np="$(field "${RESULT[nginx]}" p99_ms)" \
             'BEGIN { printf "\nfairgate/nginx: rps %.2fx, p99 %.2fx\n", fr / nr, fp / np }'
+    fi
+    if [ ${#ratios[@]} -gt 1 ]; then
+        echo
+        echo "| round | nginx rps | fairgate rps | rps ratio | nginx p99 ms | fairgate p99 ms | p99 ratio |"
+        echo "|---|---:|---:|---:|---:|---:|---:|"
+        for i in "${!ratios[@]}"; do echo "| $((i + 1)) | ${ratios[$i]} |"; done
+        printf '%s\n' "${ratios[@]}" | awk -F' [|] ' '{ r[NR] = $3; p[NR] = $6 }
+            END { n = asort(r); asort(p)
+                  printf "median of %d rounds: rps %.2fx, p99 %.2fx\n", n, r[int((n + 1) / 2)], p[int((n + 1) / 2)] }'
     fi
     if [ -n "${RESULT[cluster]:-}" ] && [ -n "${RESULT[fairgate]:-}" ]; then
         awk -v cr="$(field "${RESULT[cluster]}" rps)" -v fr="$(field "${RESULT[fairgate]}" rps)" \
