@@ -23,6 +23,7 @@ mod arena;
 mod drr;
 mod fifo;
 mod lane;
+mod list;
 #[cfg(test)]
 mod proptests;
 #[cfg(test)]
@@ -343,15 +344,17 @@ impl<T> Scheduler<T> {
         if lane == Lane::Batch {
             self.aging.push_back((now, ticket));
         }
-        self.lanes[lane.index()].push(tenant, ticket, self.seq);
+        self.lanes[lane.index()].push(tenant, ticket, self.seq, &mut self.arena);
         Ok(ticket)
     }
 
     /// Removes a queued request without charging anything. `None` if it is no longer queued.
     pub fn cancel(&mut self, ticket: Ticket) -> Option<T> {
+        let e = self.arena.get(ticket)?;
+        let (tenant, lane) = (e.tenant, e.lane);
+        self.lanes[lane.index()].forget(tenant, ticket, &mut self.arena);
         let e = self.arena.remove(ticket)?;
-        self.tenants[e.tenant.idx()].queued -= 1;
-        self.lanes[e.lane.index()].forget(e.tenant);
+        self.tenants[tenant.idx()].queued -= 1;
         Some(e.item)
     }
 
@@ -509,17 +512,15 @@ impl<T> Scheduler<T> {
             }
             e.lane = Lane::Interactive;
             let (tenant, seq) = (e.tenant, e.seq);
-            self.lanes[Lane::Batch.index()].take(tenant, ticket);
-            self.lanes[Lane::Interactive.index()].push(tenant, ticket, seq);
+            self.lanes[Lane::Batch.index()].take(tenant, ticket, &mut self.arena);
+            self.lanes[Lane::Interactive.index()].push(tenant, ticket, seq, &mut self.arena);
         }
     }
 
     /// Chooses the lane and the request: recovery first, then the class that is furthest behind
     /// its weighted share, with each class capped while the other waits.
     fn pick(&mut self, cost: &mut dyn FnMut(&T) -> Tokens) -> Option<(Ticket, Lane, Tokens)> {
-        let (arena, tenants) = (&self.arena, &self.tenants);
-        let mut cost_of = |t: Ticket| cost(&arena.get(t).expect("live ticket").item);
-        if let Some((t, c)) = self.lanes[0].next(tenants, arena, &mut cost_of) {
+        if let Some((t, c)) = self.lanes[0].next(&self.tenants, &mut self.arena, cost) {
             return Some((t, Lane::Recovery, c));
         }
         if self.in_flight + self.cfg.reserved_slots >= self.cfg.capacity {
@@ -548,7 +549,7 @@ impl<T> Scheduler<T> {
                 self.class_vtime[1 - c] = self.class_vtime[1 - c].max(self.class_vtime[c]);
             }
             let lane = [Lane::Interactive, Lane::Batch][c];
-            if let Some((t, k)) = self.lanes[c + 1].next(tenants, arena, &mut cost_of) {
+            if let Some((t, k)) = self.lanes[c + 1].next(&self.tenants, &mut self.arena, cost) {
                 return Some((t, lane, k));
             }
         }
