@@ -136,6 +136,13 @@ impl<T> Arena<T> {
         t.idx
     }
 
+    /// Prefetch hint for slot `idx` (ignored if out of range).
+    pub fn prefetch(&self, idx: u32) {
+        if let Some(slot) = self.slots.get(idx as usize) {
+            super::prefetch::prefetch(slot);
+        }
+    }
+
     /// List links of slot `idx`.
     pub fn link(&self, idx: u32) -> Link {
         self.slots[idx as usize].link

@@ -41,6 +41,7 @@ use std::collections::{BTreeMap, VecDeque};
 use super::arena::{Arena, Ticket};
 use super::lane::CostOf;
 use super::list::TicketList;
+use super::prefetch::prefetch;
 use super::{TenantKey, TenantState};
 use crate::domain::Tokens;
 
@@ -126,6 +127,27 @@ impl DrrTenant {
         self.in_visit = false;
         self.newcomer = false;
         self.state = State::Idle;
+    }
+}
+
+/// Turns ahead whose tenant records are prefetched; the head request's slot is prefetched
+/// `AHEAD_SLOT` turns ahead (its index is in the tenant record, fetched by then).
+const AHEAD_RECORD: usize = 4;
+const AHEAD_SLOT: usize = 2;
+
+/// Prefetch hints for the next turns of the current round (see `prefetch.rs`).
+fn prefetch_turns<T>(
+    bucket: &VecDeque<(TenantKey, u32)>,
+    tenants: &[DrrTenant],
+    shared: &[TenantState],
+    arena: &Arena<T>,
+) {
+    if let Some(&(t, _)) = bucket.get(AHEAD_RECORD) {
+        prefetch(&tenants[t.idx()]);
+        prefetch(&shared[t.idx()]);
+    }
+    if let Some(&(t, _)) = bucket.get(AHEAD_SLOT) {
+        tenants[t.idx()].queue.prefetch_front(arena);
     }
 }
 
@@ -294,6 +316,7 @@ impl Drr {
             self.sync_round();
             let (&(round, _), bucket) = self.calendar.first_key_value()?;
             let (t, gen) = *bucket.front().expect("empty buckets are removed");
+            prefetch_turns(bucket, &self.tenants, shared, arena);
             debug_assert_eq!(round, self.round);
             if self.tenants[t.idx()].gen != gen {
                 // Withdrawn for an early turn.

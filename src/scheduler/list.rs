@@ -43,6 +43,11 @@ impl TicketList {
         (self.head != NIL).then(|| arena.ticket_at(self.head))
     }
 
+    /// Prefetch hint for the head's slot.
+    pub fn prefetch_front<T>(&self, arena: &Arena<T>) {
+        arena.prefetch(self.head);
+    }
+
     /// Links a live ticket at the back.
     pub fn push_back<T>(&mut self, arena: &mut Arena<T>, t: Ticket) {
         let idx = Arena::<T>::index(t);

@@ -24,6 +24,7 @@ mod drr;
 mod fifo;
 mod lane;
 mod list;
+mod prefetch;
 #[cfg(test)]
 mod proptests;
 #[cfg(test)]
