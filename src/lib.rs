@@ -5,7 +5,8 @@
 //! `route` → `queue` (driving the pure `scheduler`) → `upstream` → `usage`/reconcile. `server`
 //! assembles them into one tower stack; `edge` renders errors (`error`) once; `mock` is the
 //! bundled OpenAI-compatible test upstream; `sim` drives the same scheduler on a virtual clock.
-#![forbid(unsafe_code)]
+// `deny`, not `forbid`: `scheduler::prefetch` allows one cache-prefetch intrinsic.
+#![deny(unsafe_code)]
 
 pub mod admin;
 pub mod admission;

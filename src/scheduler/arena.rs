@@ -2,7 +2,9 @@
 //!
 //! Invariants: a `Ticket` names at most one live entry, ever — a slot's generation is bumped on
 //! every removal, so a stale ticket (cancelled, dispatched or aged) never reaches a newer entry.
-//! Queues elsewhere hold tickets and skip dead ones lazily; removal here is O(1).
+//! Removal here is O(1). Each slot also carries the links of the intrusive per-tenant lists
+//! (`list.rs`) that DRR queues its tickets in, so reaching a tenant's head request and its queue
+//! links costs one memory access, not one per structure.
 
 use std::time::Duration;
 
@@ -29,7 +31,27 @@ pub(crate) struct Entry<T> {
 #[derive(Debug)]
 struct Slot<T> {
     gen: u32,
+    /// Links of the list (if any) this slot's ticket is queued in; see `list.rs`.
+    link: Link,
     entry: Option<Entry<T>>,
+}
+
+/// Neighbours of a slot in a [`super::list::TicketList`]; `NIL` for none. Meaningful only while
+/// the slot is linked into a list (a head's `prev` is not maintained).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Link {
+    pub prev: u32,
+    pub next: u32,
+}
+
+/// "No slot" in a [`Link`].
+pub(crate) const NIL: u32 = u32::MAX;
+
+impl Link {
+    const NONE: Link = Link {
+        prev: NIL,
+        next: NIL,
+    };
 }
 
 /// Slab of entries with a free list.
@@ -62,6 +84,7 @@ impl<T> Arena<T> {
         let idx = u32::try_from(self.slots.len()).expect("fewer than 2^32 queued requests");
         self.slots.push(Slot {
             gen: 0,
+            link: Link::NONE,
             entry: Some(entry),
         });
         Ticket { idx, gen: 0 }
@@ -98,6 +121,36 @@ impl<T> Arena<T> {
         self.free.push(t.idx);
         self.live -= 1;
         Some(entry)
+    }
+
+    /// The ticket currently naming slot `idx` (live or not).
+    pub fn ticket_at(&self, idx: u32) -> Ticket {
+        Ticket {
+            idx,
+            gen: self.slots[idx as usize].gen,
+        }
+    }
+
+    /// The slot index a ticket names.
+    pub fn index(t: Ticket) -> u32 {
+        t.idx
+    }
+
+    /// Prefetch hint for slot `idx` (ignored if out of range).
+    pub fn prefetch(&self, idx: u32) {
+        if let Some(slot) = self.slots.get(idx as usize) {
+            super::prefetch::prefetch(slot);
+        }
+    }
+
+    /// List links of slot `idx`.
+    pub fn link(&self, idx: u32) -> Link {
+        self.slots[idx as usize].link
+    }
+
+    /// Mutable list links of slot `idx`.
+    pub fn link_mut(&mut self, idx: u32) -> &mut Link {
+        &mut self.slots[idx as usize].link
     }
 
     /// Live entries, in slot order.

@@ -53,6 +53,7 @@ impl Fifo {
         self.make_ready(t);
     }
 
+    /// A ticket of `t` is being cancelled: fix the live counts (the ticket is skipped lazily).
     pub fn forget(&mut self, t: TenantKey) {
         self.queued -= 1;
         self.tenants[t.idx()].live -= 1;
@@ -83,7 +84,7 @@ impl Fifo {
         &mut self,
         shared: &[TenantState],
         arena: &Arena<T>,
-        cost: &mut CostOf<'_>,
+        cost: &mut CostOf<'_, T>,
     ) -> Option<(Ticket, Tokens)> {
         loop {
             let (_, t) = self.ready.pop_first()?;
@@ -114,7 +115,8 @@ impl Fifo {
             ft.live -= 1;
             self.queued -= 1;
             self.make_ready(t);
-            return Some((head, cost(head)));
+            let c = cost(&arena.get(head).expect("live head").item);
+            return Some((head, c));
         }
     }
 }

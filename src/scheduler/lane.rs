@@ -1,44 +1,16 @@
 //! One lane's queue discipline: weighted DRR (`drr.rs`) or FIFO (`fifo.rs`), behind one enum so
-//! the pool can switch policy by config. Also the per-tenant ticket queue both disciplines use.
+//! the pool can switch policy by config.
 //!
-//! Invariant: a `TenantQueue` holds tickets in arrival order; `live` counts those still in the
-//! arena. Dead tickets (cancelled, aged out) are skipped lazily at the head.
-
-use std::collections::VecDeque;
+//! Invariant: a discipline counts exactly the live tickets of its lane — the pool tells it of
+//! every ticket that enters (`push`) or leaves it without being dispatched (`forget`: cancelled;
+//! `take`: moved to another lane) while the ticket is still in the arena. DRR unlinks such a
+//! ticket at once; FIFO skips dead tickets lazily at the head.
 
 use super::arena::{Arena, Ticket};
 use super::drr::Drr;
 use super::fifo::Fifo;
 use super::{Policy, TenantKey, TenantState};
 use crate::domain::Tokens;
-
-/// A tenant's tickets in one lane.
-#[derive(Debug, Default)]
-pub(crate) struct TenantQueue {
-    pub tickets: VecDeque<Ticket>,
-    pub live: usize,
-}
-
-impl TenantQueue {
-    /// Drops dead tickets at the head and returns the first live one.
-    pub fn head<T>(&mut self, arena: &Arena<T>) -> Option<Ticket> {
-        while let Some(&t) = self.tickets.front() {
-            if arena.get(t).is_some() {
-                return Some(t);
-            }
-            self.tickets.pop_front();
-        }
-        None
-    }
-
-    /// Removes `ticket` (normally the live head) when it leaves this lane while still live.
-    pub fn take(&mut self, ticket: Ticket) {
-        if let Some(pos) = self.tickets.iter().position(|&t| t == ticket) {
-            self.tickets.remove(pos);
-        }
-        self.live -= 1;
-    }
-}
 
 /// A lane's discipline.
 #[derive(Debug)]
@@ -47,8 +19,8 @@ pub(crate) enum Discipline {
     Fifo(Fifo),
 }
 
-/// The cost of a live ticket, evaluated at the moment of the call.
-pub(crate) type CostOf<'a> = dyn FnMut(Ticket) -> Tokens + 'a;
+/// The cost of a queued request, evaluated at the moment of the call.
+pub(crate) type CostOf<'a, T> = dyn FnMut(&T) -> Tokens + 'a;
 
 impl Discipline {
     pub fn new(policy: Policy) -> Self {
@@ -74,25 +46,25 @@ impl Discipline {
     }
 
     /// Appends a live ticket to `tenant`'s queue, activating the tenant if it was idle.
-    pub fn push(&mut self, tenant: TenantKey, ticket: Ticket, seq: u64) {
+    pub fn push<T>(&mut self, tenant: TenantKey, ticket: Ticket, seq: u64, arena: &mut Arena<T>) {
         match self {
-            Self::Drr(d) => d.push(tenant, ticket),
+            Self::Drr(d) => d.push(tenant, ticket, arena),
             Self::Fifo(f) => f.push(tenant, ticket, seq),
         }
     }
 
-    /// A ticket of `tenant` left the arena while queued (cancelled): fix the live counts.
-    pub fn forget(&mut self, tenant: TenantKey) {
+    /// A still-live ticket of `tenant` is being cancelled; call before the arena drops it.
+    pub fn forget<T>(&mut self, tenant: TenantKey, ticket: Ticket, arena: &mut Arena<T>) {
         match self {
-            Self::Drr(d) => d.forget(tenant),
+            Self::Drr(d) => d.take(tenant, ticket, arena),
             Self::Fifo(f) => f.forget(tenant),
         }
     }
 
     /// Removes a still-live ticket from this lane (it moves to another lane).
-    pub fn take(&mut self, tenant: TenantKey, ticket: Ticket) {
+    pub fn take<T>(&mut self, tenant: TenantKey, ticket: Ticket, arena: &mut Arena<T>) {
         match self {
-            Self::Drr(d) => d.take(tenant, ticket),
+            Self::Drr(d) => d.take(tenant, ticket, arena),
             Self::Fifo(f) => f.take(tenant, ticket),
         }
     }
@@ -101,8 +73,8 @@ impl Discipline {
     pub fn next<T>(
         &mut self,
         tenants: &[TenantState],
-        arena: &Arena<T>,
-        cost: &mut CostOf<'_>,
+        arena: &mut Arena<T>,
+        cost: &mut CostOf<'_, T>,
     ) -> Option<(Ticket, Tokens)> {
         match self {
             Self::Drr(d) => d.next(tenants, arena, cost),

@@ -23,6 +23,8 @@ mod arena;
 mod drr;
 mod fifo;
 mod lane;
+mod list;
+mod prefetch;
 #[cfg(test)]
 mod proptests;
 #[cfg(test)]
@@ -189,23 +191,43 @@ pub struct TenantSnapshot {
     pub oldest_enqueued_at: Option<Duration>,
 }
 
-/// Shared per-tenant state (across lanes).
+/// Shared per-tenant state (across lanes) that every dispatch reads: 32 bytes, so the record a
+/// turn needs never straddles a cache line. The rest lives in [`TenantInfo`].
 #[derive(Debug)]
+#[repr(align(32))]
 pub(crate) struct TenantState {
-    pub id: TenantId,
-    pub spec: TenantSpec,
     /// quantum × weight, cached.
     pub quantum: Tokens,
+    pub max_concurrency: Option<u32>,
     pub in_flight: u32,
-    pub queued: usize,
+    pub queued: u32,
+    /// `spec.max_queued`, saturated (the arena holds fewer than 2^32 requests anyway).
+    pub max_queued: u32,
 }
 
+const _: () = assert!(std::mem::size_of::<TenantState>() == 32);
+
 impl TenantState {
-    pub fn at_cap(&self) -> bool {
-        self.spec
-            .max_concurrency
-            .is_some_and(|c| self.in_flight >= c)
+    fn new(spec: &TenantSpec, quantum: Tokens) -> Self {
+        Self {
+            quantum,
+            max_concurrency: spec.max_concurrency,
+            in_flight: 0,
+            queued: 0,
+            max_queued: u32::try_from(spec.max_queued).unwrap_or(u32::MAX),
+        }
     }
+
+    pub fn at_cap(&self) -> bool {
+        self.max_concurrency.is_some_and(|c| self.in_flight >= c)
+    }
+}
+
+/// Per-tenant settings and identity, read off the hot path.
+#[derive(Debug)]
+struct TenantInfo {
+    id: TenantId,
+    spec: TenantSpec,
 }
 
 /// One pool's fair queue. See the module docs.
@@ -214,6 +236,8 @@ pub struct Scheduler<T> {
     cfg: Config,
     arena: Arena<T>,
     tenants: Vec<TenantState>,
+    /// Indexed like `tenants`.
+    info: Vec<TenantInfo>,
     by_id: HashMap<TenantId, TenantKey>,
     lanes: [Discipline; 3],
     lane_in_flight: [u32; 3],
@@ -234,6 +258,7 @@ impl<T> Scheduler<T> {
             cfg,
             arena: Arena::default(),
             tenants: Vec::new(),
+            info: Vec::new(),
             by_id: HashMap::new(),
             lane_in_flight: [0; 3],
             class_vtime: [0.0; 2],
@@ -265,8 +290,8 @@ impl<T> Scheduler<T> {
             capacity,
             ..cfg
         };
-        for t in &mut self.tenants {
-            t.quantum = t.spec.weight.scale(self.cfg.quantum);
+        for (t, info) in self.tenants.iter_mut().zip(&self.info) {
+            t.quantum = info.spec.weight.scale(self.cfg.quantum);
         }
     }
 
@@ -276,8 +301,12 @@ impl<T> Scheduler<T> {
         let quantum = spec.weight.scale(self.cfg.quantum);
         if let Some(&k) = self.by_id.get(&id) {
             let t = &mut self.tenants[k.idx()];
-            t.spec = spec;
-            t.quantum = quantum;
+            *t = TenantState {
+                in_flight: t.in_flight,
+                queued: t.queued,
+                ..TenantState::new(&spec, quantum)
+            };
+            self.info[k.idx()].spec = spec;
             if !t.at_cap() {
                 for lane in &mut self.lanes {
                     lane.unblock(k, &self.tenants);
@@ -286,12 +315,10 @@ impl<T> Scheduler<T> {
             return k;
         }
         let k = TenantKey(u32::try_from(self.tenants.len()).expect("fewer than 2^32 tenants"));
-        self.tenants.push(TenantState {
+        self.tenants.push(TenantState::new(&spec, quantum));
+        self.info.push(TenantInfo {
             id: id.clone(),
             spec,
-            quantum,
-            in_flight: 0,
-            queued: 0,
         });
         for lane in &mut self.lanes {
             lane.add_tenant();
@@ -307,7 +334,7 @@ impl<T> Scheduler<T> {
 
     /// The id of a tenant key.
     pub fn tenant_id(&self, k: TenantKey) -> &TenantId {
-        &self.tenants[k.idx()].id
+        &self.info[k.idx()].id
     }
 
     /// Queues `item` for `tenant` in `class` (`recovery` requests use the recovery lane).
@@ -320,7 +347,7 @@ impl<T> Scheduler<T> {
         item: T,
     ) -> Result<Ticket, QueueFull> {
         let t = &self.tenants[tenant.idx()];
-        if t.queued >= t.spec.max_queued {
+        if t.queued >= t.max_queued {
             return Err(QueueFull::Tenant);
         }
         if self.arena.len() >= self.cfg.max_queued {
@@ -343,15 +370,17 @@ impl<T> Scheduler<T> {
         if lane == Lane::Batch {
             self.aging.push_back((now, ticket));
         }
-        self.lanes[lane.index()].push(tenant, ticket, self.seq);
+        self.lanes[lane.index()].push(tenant, ticket, self.seq, &mut self.arena);
         Ok(ticket)
     }
 
     /// Removes a queued request without charging anything. `None` if it is no longer queued.
     pub fn cancel(&mut self, ticket: Ticket) -> Option<T> {
+        let e = self.arena.get(ticket)?;
+        let (tenant, lane) = (e.tenant, e.lane);
+        self.lanes[lane.index()].forget(tenant, ticket, &mut self.arena);
         let e = self.arena.remove(ticket)?;
-        self.tenants[e.tenant.idx()].queued -= 1;
-        self.lanes[e.lane.index()].forget(e.tenant);
+        self.tenants[tenant.idx()].queued -= 1;
         Some(e.item)
     }
 
@@ -447,7 +476,7 @@ impl<T> Scheduler<T> {
     /// A tenant's queued and in-flight counts.
     pub fn tenant_load(&self, k: TenantKey) -> (usize, u32) {
         let t = &self.tenants[k.idx()];
-        (t.queued, t.in_flight)
+        (t.queued as usize, t.in_flight)
     }
 
     /// Requests a tenant has queued in one lane.
@@ -465,14 +494,15 @@ impl<T> Scheduler<T> {
         }
         self.tenants
             .iter()
+            .zip(&self.info)
             .zip(oldest)
             .enumerate()
-            .map(|(i, (t, oldest_enqueued_at))| {
+            .map(|(i, ((t, info), oldest_enqueued_at))| {
                 let k = TenantKey(i as u32);
                 TenantSnapshot {
-                    id: t.id.clone(),
-                    weight: t.spec.weight,
-                    queued: t.queued,
+                    id: info.id.clone(),
+                    weight: info.spec.weight,
+                    queued: t.queued as usize,
                     in_flight: t.in_flight,
                     credit: self.lanes.iter().map(|l| l.credit(k)).sum(),
                     oldest_enqueued_at,
@@ -509,17 +539,15 @@ impl<T> Scheduler<T> {
             }
             e.lane = Lane::Interactive;
             let (tenant, seq) = (e.tenant, e.seq);
-            self.lanes[Lane::Batch.index()].take(tenant, ticket);
-            self.lanes[Lane::Interactive.index()].push(tenant, ticket, seq);
+            self.lanes[Lane::Batch.index()].take(tenant, ticket, &mut self.arena);
+            self.lanes[Lane::Interactive.index()].push(tenant, ticket, seq, &mut self.arena);
         }
     }
 
     /// Chooses the lane and the request: recovery first, then the class that is furthest behind
     /// its weighted share, with each class capped while the other waits.
     fn pick(&mut self, cost: &mut dyn FnMut(&T) -> Tokens) -> Option<(Ticket, Lane, Tokens)> {
-        let (arena, tenants) = (&self.arena, &self.tenants);
-        let mut cost_of = |t: Ticket| cost(&arena.get(t).expect("live ticket").item);
-        if let Some((t, c)) = self.lanes[0].next(tenants, arena, &mut cost_of) {
+        if let Some((t, c)) = self.lanes[0].next(&self.tenants, &mut self.arena, cost) {
             return Some((t, Lane::Recovery, c));
         }
         if self.in_flight + self.cfg.reserved_slots >= self.cfg.capacity {
@@ -548,7 +576,7 @@ impl<T> Scheduler<T> {
                 self.class_vtime[1 - c] = self.class_vtime[1 - c].max(self.class_vtime[c]);
             }
             let lane = [Lane::Interactive, Lane::Batch][c];
-            if let Some((t, k)) = self.lanes[c + 1].next(tenants, arena, &mut cost_of) {
+            if let Some((t, k)) = self.lanes[c + 1].next(&self.tenants, &mut self.arena, cost) {
                 return Some((t, lane, k));
             }
         }
