@@ -13,24 +13,30 @@ const HOP_BY_HOP: [HeaderName; 6] = [
     header::PROXY_AUTHORIZATION,
 ];
 
+/// Whether `name` is hop-by-hop on its own (not counting what `Connection` names).
+fn is_hop_by_hop(name: &HeaderName) -> bool {
+    HOP_BY_HOP.contains(name)
+        || name == header::PROXY_AUTHENTICATE
+        || name.as_str() == "keep-alive"
+        || name.as_str() == "proxy-connection"
+}
+
 /// Removes hop-by-hop headers, including every header named in `Connection`.
+///
+/// One pass over the (few) headers present rather than a removal per possible name: the
+/// common message has none of them, and then nothing is allocated or rehashed.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<HeaderName> = headers
+    let mut named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
         .collect();
+    named.extend(headers.keys().filter(|n| is_hop_by_hop(n)).cloned());
     for name in named {
         headers.remove(name);
     }
-    for name in &HOP_BY_HOP {
-        headers.remove(name);
-    }
-    headers.remove("keep-alive");
-    headers.remove(header::PROXY_AUTHENTICATE);
-    headers.remove("proxy-connection");
 }
 
 /// Prepares client request headers for the provider: hop-by-hop, `host`, `content-length`
