@@ -313,9 +313,11 @@ main() {
         echo "| round | nginx rps | fairgate rps | rps ratio | nginx p99 ms | fairgate p99 ms | p99 ratio |"
         echo "|---|---:|---:|---:|---:|---:|---:|"
         for i in "${!ratios[@]}"; do echo "| $((i + 1)) | ${ratios[$i]} |"; done
-        printf '%s\n' "${ratios[@]}" | awk -F' [|] ' '{ r[NR] = $3; p[NR] = $6 }
-            END { n = asort(r); asort(p)
-                  printf "median of %d rounds: rps %.2fx, p99 %.2fx\n", n, r[int((n + 1) / 2)], p[int((n + 1) / 2)] }'
+        local mr mp
+        mr="$(printf '%s\n' "${ratios[@]}" | awk -F' [|] ' '{ print $3 }' | sort -n)"
+        mp="$(printf '%s\n' "${ratios[@]}" | awk -F' [|] ' '{ print $6 }' | sort -n)"
+        echo "median of ${#ratios[@]} rounds: rps $(sed -n "$(((${#ratios[@]} + 1) / 2))p" <<<"$mr")x," \
+            "p99 $(sed -n "$(((${#ratios[@]} + 1) / 2))p" <<<"$mp")x"
     fi
     if [ -n "${RESULT[cluster]:-}" ] && [ -n "${RESULT[fairgate]:-}" ]; then
         awk -v cr="$(field "${RESULT[cluster]}" rps)" -v fr="$(field "${RESULT[fairgate]}" rps)" \
