@@ -114,8 +114,10 @@ fn replica_config(
     quantum: u64,
     tenants: &[(&str, f64, &str)],
 ) -> String {
+    // One connection worker per replica: the replicas of a test (and the tests of this binary)
+    // share two cores, and the lease and sync rounds run on the test's runtime.
     let mut s = format!(
-        "[scheduler]\nquantum = {quantum}\n\
+        "[server]\nworkers = 1\n[scheduler]\nquantum = {quantum}\n\
          [[upstreams]]\nname = \"mock\"\nbase_url = \"{base_url}\"\nmax_concurrency = {capacity}\n"
     );
     for (id, w, extra) in tenants {
