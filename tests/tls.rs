@@ -1,0 +1,118 @@
+//! Inbound TLS end to end: with `[server.tls]` the connection workers terminate TLS, offer ALPN
+//! `h2` and `http/1.1`, and serve both over one port; a plain-text client gets nothing.
+//! The certificate in `tests/fixtures/` is a self-signed test certificate for `localhost` /
+//! 127.0.0.1 (P-256, valid 100 years, CA:FALSE, serverAuth), made with `openssl req -x509 -newkey ec
+//! -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 36500 -subj /CN=localhost -addext …`.
+
+mod common;
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use common::{config, mock, proxy, KEY_A};
+use http::Request;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const BODY: &str =
+    r#"{"model":"gpt-4o-mini","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}"#;
+
+fn fixture(name: &str) -> String {
+    format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+fn connector(alpn: &[u8]) -> tokio_rustls::TlsConnector {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(fixture("localhost.crt")).unwrap() {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    cfg.alpn_protocols = vec![alpn.to_vec()];
+    tokio_rustls::TlsConnector::from(Arc::new(cfg))
+}
+
+fn chat() -> Request<Full<Bytes>> {
+    Request::post("/v1/chat/completions")
+        .header("authorization", format!("Bearer {KEY_A}"))
+        .header("content-type", "application/json")
+        .header("host", "localhost")
+        .body(Full::new(Bytes::from_static(BODY.as_bytes())))
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_serves_http1_and_h2_and_refuses_plain_text() {
+    let mock = mock().await;
+    let tls = format!(
+        "[server.tls]\ncert = \"{}\"\nkey = \"{}\"\n",
+        fixture("localhost.crt"),
+        fixture("localhost.key")
+    );
+    let proxy = proxy(&config(&mock.base_url(), &tls, "", "")).await;
+    let name = ServerName::try_from("localhost").unwrap();
+
+    // HTTP/1.1 over TLS.
+    let tcp = TcpStream::connect(proxy.addr).await.unwrap();
+    let stream = connector(b"http/1.1")
+        .connect(name.clone(), tcp)
+        .await
+        .unwrap();
+    assert_eq!(stream.get_ref().1.alpn_protocol(), Some(&b"http/1.1"[..]));
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let res = send.send_request(chat()).await.unwrap();
+    assert_eq!(res.status(), 200);
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    assert!(body.windows(7).any(|w| w == b"\"usage\""));
+
+    // h2 over TLS (ALPN), two requests on one connection.
+    let tcp = TcpStream::connect(proxy.addr).await.unwrap();
+    let stream = connector(b"h2").connect(name, tcp).await.unwrap();
+    assert_eq!(stream.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    let (mut send, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    for _ in 0..2 {
+        let mut req = chat();
+        *req.uri_mut() = format!(
+            "https://localhost:{}/v1/chat/completions",
+            proxy.addr.port()
+        )
+        .parse()
+        .unwrap();
+        req.headers_mut().remove("host");
+        let res = send.send_request(req).await.unwrap();
+        assert_eq!(res.status(), 200);
+        assert_eq!(res.version(), http::Version::HTTP_2);
+    }
+
+    // Plain HTTP on the TLS port: no HTTP answer.
+    let mut tcp = TcpStream::connect(proxy.addr).await.unwrap();
+    tcp.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = Vec::new();
+    let _ = tokio::time::timeout(
+        std::time::Duration::from_secs(12),
+        tcp.read_to_end(&mut buf),
+    )
+    .await;
+    assert!(
+        !buf.starts_with(b"HTTP/"),
+        "{:?}",
+        String::from_utf8_lossy(&buf)
+    );
+}
