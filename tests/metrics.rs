@@ -127,7 +127,19 @@ async fn flood_raises_queue_depth_and_counts_statuses_and_reasons() {
     .await;
     assert_eq!(r.status, 200);
 
-    let text = scrape(addr).await;
+    // Durations and estimate errors are recorded when a response body is dropped, on the
+    // connection worker's thread, possibly just after the client read the last byte.
+    let flood = [("tenant", "flood")];
+    let mut text = scrape(addr).await;
+    for _ in 0..100 {
+        let done = value(&text, "fairgate_request_duration_seconds_count", &flood) == Some(5.0)
+            && value(&text, "fairgate_estimate_error_ratio_count", &flood) == Some(4.0);
+        if done {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        text = scrape(addr).await;
+    }
     let ok = [("tenant", "flood"), ("status", "200")];
     assert_eq!(value(&text, "fairgate_requests_total", &ok), Some(4.0));
     let refused = [("tenant", "flood"), ("status", "429")];
@@ -285,7 +297,7 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Buf {
     }
 }
 
-// Current-thread runtime: the thread-local subscriber sees every task of the server.
+// The thread-local subscriber is inherited by the server's connection workers.
 #[tokio::test]
 async fn one_json_log_line_per_request_without_key_or_prompt() {
     let buf = Buf::default();
@@ -296,6 +308,11 @@ async fn one_json_log_line_per_request_without_key_or_prompt() {
         .with_writer(buf.clone())
         .finish();
     let _guard = tracing::subscriber::set_default(subscriber);
+    // While only one dispatcher exists, tracing caches a callsite's interest from whichever
+    // thread hits it first — here possibly a connection worker of another test of this binary,
+    // which has no subscriber ("never"). A second live dispatcher makes tracing ask every
+    // dispatcher instead.
+    let _second = tracing::Dispatch::new(tracing_subscriber::registry());
     let mock = mock_with(MockConfig::default()).await;
     let proxy = proxy(&cfg(&mock.base_url(), 2, "", &[("a", "max_queued = 1")])).await;
     let prompt = "the-secret-prompt-xyzzy";
@@ -328,12 +345,25 @@ async fn one_json_log_line_per_request_without_key_or_prompt() {
     .await;
     assert_eq!(r.status, 401);
 
-    let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
-    let lines: Vec<serde_json::Value> = text
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|v| v["target"] == "fairgate::request")
-        .collect();
+    // The line is written when the response body is dropped, on the connection worker's
+    // thread, which can be just after the client has read the last byte: wait for it (bounded).
+    let read = || {
+        let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|v| v["target"] == "fairgate::request")
+            .collect();
+        (text, lines)
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let (text, lines) = loop {
+        let (text, lines) = read();
+        if lines.len() >= 2 || std::time::Instant::now() > deadline {
+            break (text, lines);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    };
     assert_eq!(lines.len(), 2, "{text}");
     let ok = &lines[0];
     assert_eq!(ok["tenant"], "a");

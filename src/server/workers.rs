@@ -115,8 +115,11 @@ pub fn spawn(
                 .build()
         })
         .collect::<std::io::Result<Vec<_>>>()?;
-    // Workers log where the server was started from (a scoped subscriber in tests, else global).
+    // Workers log where the server was started from (a scoped subscriber in tests, else the
+    // global one); with no subscriber at all they fall back to the global default like any
+    // other thread.
     let dispatch = tracing::dispatcher::get_default(|d| d.clone());
+    let dispatch = (!dispatch.is::<tracing::subscriber::NoSubscriber>()).then_some(dispatch);
     let mut done = Vec::with_capacity(runtimes.len());
     for (index, (rt, listener)) in runtimes.into_iter().zip(listeners).enumerate() {
         let (tx, rx) = oneshot::channel();
@@ -125,7 +128,7 @@ pub fn spawn(
             .name(format!("fairgate-w{index}"))
             .spawn(move || {
                 WORKER.with(|w| w.set(index));
-                let _log = tracing::dispatcher::set_default(&dispatch);
+                let _log = dispatch.as_ref().map(tracing::dispatcher::set_default);
                 rt.block_on(async move {
                     match TcpListener::from_std(listener) {
                         Ok(l) => accept_loop(index, l, conns, stop).await,
