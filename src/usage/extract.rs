@@ -37,6 +37,15 @@ struct Doc<'a> {
     delta: Option<StrOrAny<'a>>,
 }
 
+/// Only the usage of a document: everything else is skipped without allocating.
+#[derive(Debug, Default, Deserialize)]
+struct UsageDoc {
+    #[serde(default)]
+    usage: Option<Usage>,
+    #[serde(default)]
+    response: Option<Inner>,
+}
+
 #[derive(Debug, Default, Deserialize)]
 struct Inner {
     #[serde(default)]
@@ -126,6 +135,23 @@ impl Tally {
         }
     }
 
+    /// Observes a whole JSON response body. A body whose usage gives the output tokens is read
+    /// for its usage alone (its text is never needed: counting is the fallback when usage lacks
+    /// them); any other body is observed in full, text included.
+    pub fn observe_body(&mut self, json: &[u8]) -> Seen {
+        if let Ok(doc) = serde_json::from_slice::<UsageDoc>(json) {
+            let usage = doc.usage.or(doc.response.and_then(|r| r.usage));
+            if let Some(u) = usage.filter(|u| u.completion_tokens.is_some()) {
+                self.usage = Some(u);
+                return Seen {
+                    usage,
+                    usage_only: false,
+                };
+            }
+        }
+        self.observe(json)
+    }
+
     /// Observes one JSON document.
     pub fn observe(&mut self, json: &[u8]) -> Seen {
         let Ok(doc) = serde_json::from_slice::<Doc<'_>>(json) else {
@@ -191,6 +217,31 @@ mod tests {
         t.observe(br#"{"choices":[{"delta":{"tool_calls":[{"function":{"arguments":"{}"}}]}}]}"#);
         t.observe(b"not json");
         assert_eq!(t.text, "hi \"x\"abcdef{}");
+    }
+
+    #[test]
+    fn a_body_with_output_usage_is_read_for_usage_only() {
+        let mut t = Tally::new(1000);
+        let s = t.observe_body(br#"{"choices":[{"message":{"content":"skipped"}}],"usage":{"prompt_tokens":5,"completion_tokens":3}}"#);
+        assert_eq!(s.usage.unwrap().completion_tokens, Some(3));
+        assert_eq!((t.usage, t.text.as_str()), (s.usage, ""));
+        let s = t.observe_body(
+            br#"{"object":"response","output":[],"usage":{"input_tokens":7,"output_tokens":9}}"#,
+        );
+        assert_eq!(s.usage.unwrap().prompt_tokens, Some(7));
+        // Without output tokens the text is kept for counting, as `observe` does.
+        let mut t = Tally::new(1000);
+        let s = t.observe_body(
+            br#"{"choices":[{"message":{"content":"kept"}}],"usage":{"prompt_tokens":5}}"#,
+        );
+        assert_eq!(
+            (s.usage.unwrap().prompt_tokens, t.text.as_str()),
+            (Some(5), "kept")
+        );
+        let mut t = Tally::new(1000);
+        let s = t.observe_body(br#"{"choices":[{"text":"no usage"}],"usage":null}"#);
+        assert_eq!((s, t.text.as_str()), (Seen::default(), "no usage"));
+        assert_eq!(Tally::new(8).observe_body(b"{oops"), Seen::default());
     }
 
     #[test]

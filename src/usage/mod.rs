@@ -156,7 +156,7 @@ impl Observer {
             Mode::Json { buf, over, .. } => {
                 let buf = std::mem::take(buf);
                 if !*over && !buf.is_empty() {
-                    self.tally.observe(&buf);
+                    self.tally.observe_body(&buf);
                 }
                 Bytes::new()
             }
