@@ -109,16 +109,6 @@ fn retryable(status: StatusCode) -> bool {
     matches!(status.as_u16(), 429 | 502 | 503)
 }
 
-fn copy(req: &Request<Bytes>) -> Request<Bytes> {
-    let mut out = Request::new(req.body().clone());
-    *out.method_mut() = req.method().clone();
-    *out.uri_mut() = req.uri().clone();
-    *out.version_mut() = req.version();
-    *out.headers_mut() = req.headers().clone();
-    *out.extensions_mut() = req.extensions().clone();
-    out
-}
-
 impl<S> tower::Service<Request<Bytes>> for Service<S>
 where
     S: tower::Service<Request<Bytes>, Response = Response<ResponseBody>, Error = Error>
@@ -152,11 +142,22 @@ where
             let deadline = ext.get::<Deadline>().copied();
             let surcharge = ext.get::<crate::queue::Surcharge>().cloned();
             let mut attempt = 0;
+            let mut req = Some(req);
             loop {
                 use tower::ServiceExt;
                 let ready = inner.ready().await?;
                 let ticket = pool.send();
-                let mut result = ready.call(copy(&req)).await;
+                // The last attempt allowed takes the request itself; earlier ones a copy.
+                let this = match req.take() {
+                    Some(r) if attempt >= shared.policy.max_retries => r,
+                    Some(r) => {
+                        let copy = crate::upstream::attempt(&r);
+                        req = Some(r);
+                        copy
+                    }
+                    None => return Err(Error::Internal("retry past the last attempt")),
+                };
+                let mut result = ready.call(this).await;
                 let (status, wait) = match &result {
                     Ok(res) => {
                         pool.observe(Some(&ticket), res.status(), res.headers());

@@ -233,6 +233,28 @@ impl Service {
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
+/// A copy of `req` holding what this stage reads — method, URI, version, headers, body, and the
+/// [`Route`], [`Identity`] and [`QueueMs`] extensions — for one more attempt of it (the retry
+/// stage). Cheaper than a full clone: the other extensions are not copied.
+pub fn attempt(req: &Request<Bytes>) -> Request<Bytes> {
+    let mut out = Request::new(req.body().clone());
+    *out.method_mut() = req.method().clone();
+    *out.uri_mut() = req.uri().clone();
+    *out.version_mut() = req.version();
+    *out.headers_mut() = req.headers().clone();
+    let (from, to) = (req.extensions(), out.extensions_mut());
+    if let Some(r) = from.get::<Route>() {
+        to.insert(r.clone());
+    }
+    if let Some(i) = from.get::<Identity>() {
+        to.insert(i.clone());
+    }
+    if let Some(q) = from.get::<QueueMs>() {
+        to.insert(*q);
+    }
+    out
+}
+
 impl tower::Service<Request<Bytes>> for Service {
     type Response = Response<ResponseBody>;
     type Error = crate::Error;
