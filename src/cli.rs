@@ -48,6 +48,7 @@ pub fn init_tracing(format: crate::config::LogFormat) -> Option<crate::logout::F
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
+        .with_timer(crate::logtime::Clock)
         .with_writer(writer);
     let installed = match format {
         crate::config::LogFormat::Text => builder.try_init(),

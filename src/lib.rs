@@ -21,6 +21,7 @@ pub mod error;
 pub mod estimate;
 pub mod health;
 pub mod logout;
+pub mod logtime;
 pub mod metrics;
 pub mod mock;
 pub mod queue;
