@@ -6,20 +6,28 @@
 //! the next generation from the one in force (`State::reloaded`) and publishes it with one
 //! atomic store.
 //!
+//! Each thread keeps the stacks of the generation it last served ([`LiveService`] calls them
+//! in place, instead of cloning every layer of the stack for every request), and rebuilds that
+//! cache when the generation in force changes; the cache holds its generation, so an idle
+//! thread keeps a replaced generation alive until its next request.
+//!
 //! Invariants: a request never mixes two generations (routing indices, pools and metrics stay
 //! consistent); requests already in flight keep their generation alive until they finish; no
 //! lock is held across `.await` (reloads are serialised by a std mutex held only inside the
 //! synchronous `reload`); a rejected reload publishes nothing.
 
+use std::cell::RefCell;
 use std::convert::Infallible;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, Weak};
+use std::task::{Context, Poll, Waker};
 
 use arc_swap::ArcSwap;
+use futures_util::future::{BoxFuture, Either};
 use http::{Request, Response};
 use hyper::body::Incoming;
 use tower::util::{BoxCloneSyncService, Oneshot};
-use tower::ServiceExt;
+use tower::{Service as _, ServiceExt};
 
 use super::diff::Changes;
 use super::reload::ReloadError;
@@ -141,18 +149,63 @@ impl LiveService {
     }
 }
 
+/// This thread's stacks of the generation it last served (see the module docs).
+struct Cached {
+    generation: Arc<Generation>,
+    main: HttpStack,
+    ops: HttpStack,
+}
+
+thread_local! {
+    static CACHED: RefCell<Option<Cached>> = const { RefCell::new(None) };
+}
+
+type StackFuture = BoxFuture<'static, Result<Response<ResponseBody>, Infallible>>;
+
 impl hyper::service::Service<Request<Incoming>> for LiveService {
     type Response = Response<ResponseBody>;
     type Error = Infallible;
-    type Future = Oneshot<HttpStack, Request<Incoming>>;
+    type Future = Either<StackFuture, Oneshot<HttpStack, Request<Incoming>>>;
 
     fn call(&self, req: Request<Incoming>) -> Self::Future {
         let generation = self.live.current.load();
-        let stack = if self.ops {
-            generation.ops.clone()
-        } else {
-            generation.main.clone()
-        };
-        stack.oneshot(req)
+        let mut req = Some(req);
+        let in_place = CACHED.with(|cell| {
+            let mut cell = cell.try_borrow_mut().ok()?;
+            if !cell
+                .as_ref()
+                .is_some_and(|c| Arc::ptr_eq(&c.generation, &generation))
+            {
+                *cell = Some(Cached {
+                    generation: Arc::clone(&generation),
+                    main: generation.main.clone(),
+                    ops: generation.ops.clone(),
+                });
+            }
+            let cached = cell.as_mut()?;
+            let stack = if self.ops {
+                &mut cached.ops
+            } else {
+                &mut cached.main
+            };
+            // Every stage is always ready (none holds back in `poll_ready`); were one not, the
+            // request takes the cloning path below, which waits for it.
+            match stack.poll_ready(&mut Context::from_waker(Waker::noop())) {
+                Poll::Ready(Ok(())) => Some(stack.call(req.take()?)),
+                _ => None,
+            }
+        });
+        match (in_place, req) {
+            (Some(fut), _) => Either::Left(fut),
+            (None, Some(req)) => {
+                let stack = if self.ops {
+                    generation.ops.clone()
+                } else {
+                    generation.main.clone()
+                };
+                Either::Right(stack.oneshot(req))
+            }
+            (None, None) => unreachable!("the request is taken only with a future"),
+        }
     }
 }
