@@ -28,7 +28,7 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use http::{HeaderMap, StatusCode};
+use http::{HeaderMap, HeaderName, StatusCode};
 
 use super::aimd::Aimd;
 use crate::queue::FairQueue;
@@ -242,32 +242,44 @@ impl PoolCapacity {
     }
 }
 
+const RETRY_AFTER_MS: HeaderName = HeaderName::from_static("retry-after-ms");
+const RESET_REQUESTS: HeaderName = HeaderName::from_static("x-ratelimit-reset-requests");
+const RESET_TOKENS: HeaderName = HeaderName::from_static("x-ratelimit-reset-tokens");
+const REMAINING_REQUESTS: HeaderName = HeaderName::from_static("x-ratelimit-remaining-requests");
+const REMAINING_TOKENS: HeaderName = HeaderName::from_static("x-ratelimit-remaining-tokens");
+
+/// A header's trimmed text (names are constants: looked up without parsing a name per call).
+fn text<'h>(h: &'h HeaderMap, name: &HeaderName) -> Option<&'h str> {
+    h.get(name).and_then(|v| v.to_str().ok()).map(str::trim)
+}
+
 /// How long the upstream asked us to wait: `retry-after-ms`, `Retry-After` (seconds), else the
 /// shortest `x-ratelimit-reset-*`.
 pub fn upstream_wait(h: &HeaderMap) -> Option<Duration> {
-    let text = |name: &str| h.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
-    if let Some(ms) = text("retry-after-ms").and_then(|v| v.parse::<f64>().ok()) {
+    if let Some(ms) = text(h, &RETRY_AFTER_MS).and_then(|v| v.parse::<f64>().ok()) {
         if ms.is_finite() && ms >= 0.0 {
             return Some(Duration::from_secs_f64(ms.min(3.6e6) / 1000.0));
         }
     }
-    if let Some(s) = text("retry-after").and_then(|v| v.parse::<u64>().ok()) {
+    if let Some(s) = text(h, &http::header::RETRY_AFTER).and_then(|v| v.parse::<u64>().ok()) {
         return Some(Duration::from_secs(s.min(3600)));
     }
-    ["x-ratelimit-reset-requests", "x-ratelimit-reset-tokens"]
+    [RESET_REQUESTS, RESET_TOKENS]
         .iter()
-        .filter_map(|n| text(n).and_then(parse_go_duration))
+        .filter_map(|n| text(h, n).and_then(parse_go_duration))
         .min()
 }
 
 /// The reset of a budget the upstream reports as spent (`x-ratelimit-remaining-*: 0`).
 fn spent_until(h: &HeaderMap) -> Option<Duration> {
-    let text = |name: &str| h.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
-    ["requests", "tokens"]
-        .iter()
-        .filter(|k| text(&format!("x-ratelimit-remaining-{k}")) == Some("0"))
-        .filter_map(|k| text(&format!("x-ratelimit-reset-{k}")).and_then(parse_go_duration))
-        .max()
+    [
+        (REMAINING_REQUESTS, RESET_REQUESTS),
+        (REMAINING_TOKENS, RESET_TOKENS),
+    ]
+    .iter()
+    .filter(|(remaining, _)| text(h, remaining) == Some("0"))
+    .filter_map(|(_, reset)| text(h, reset).and_then(parse_go_duration))
+    .max()
 }
 
 /// Parses OpenAI's reset format (Go durations: `1s`, `6m0s`, `20ms`, `1.5s`); plain numbers are
