@@ -7,6 +7,7 @@
 # whose speed drifts by 2x across hours.
 #
 #   bench/ab.sh target/release/fairgate /tmp/fairgate-old     # ROUNDS=2 DURATION=5s
+#   bench/ab.sh target/release/fairgate:1 target/release/fairgate:2   # BIN:N sets [server] workers
 #
 # Needs wrk and nginx (bench/overhead.sh installs them). Everything binds 127.0.0.1 and is
 # stopped on exit.
@@ -58,7 +59,7 @@ measure() {
 }
 
 MOCK=$(port)
-"$1" mock-upstream --listen "127.0.0.1:$MOCK" >"$WORK/mock.log" 2>&1 &
+"${1%%:*}" mock-upstream --listen "127.0.0.1:$MOCK" >"$WORK/mock.log" 2>&1 &
 PIDS+=($!)
 wait_port "$MOCK"
 NGINX=$(port)
@@ -67,13 +68,13 @@ sed -e "s#__USER__#$([ "$(id -u)" -eq 0 ] && echo 'user root;')#" -e "s#__WORK__
     "$ROOT/bench/nginx.conf.tmpl" >"$WORK/nginx.conf"
 PORT=$(port)
 {
-    printf '[server]\nlisten = "127.0.0.1:%s"\n\n[scheduler]\npolicy = "drr"\nquantum = 4096\n\n' "$PORT"
+    printf '[scheduler]\npolicy = "drr"\nquantum = 4096\n\n'
     printf '[[upstreams]]\nname = "mock"\nbase_url = "http://127.0.0.1:%s/v1"\n' "$MOCK"
     printf 'max_concurrency = 1024\nmodels = ["*"]\n'
     for i in $(seq 0 15); do
         printf '\n[[tenants]]\nid = "bench-%s"\napi_keys = ["fg-bench-%s"]\n' "$i" "$i"
     done
-} >"$WORK/fairgate.toml"
+} >"$WORK/fairgate-rest.toml"
 
 echo "| round | server | rps | p99 ms | CPU µs / request |"
 echo "|---|---|---:|---:|---:|"
@@ -84,12 +85,19 @@ for round in $(seq 1 "$ROUNDS"); do
     read -r rps p99 cpu < <(measure "$NGINX" "$pid")
     echo "| $round | nginx | $rps | $p99 | $cpu |"
     kill "$pid"; wait "$pid" 2>/dev/null || true
-    for bin in "$@"; do
+    for arg in "$@"; do
+        bin="${arg%%:*}"
+        {
+            printf '[server]\nlisten = "127.0.0.1:%s"\n' "$PORT"
+            [ "$bin" = "$arg" ] || printf 'workers = %s\n' "${arg##*:}"
+            printf '\n'
+            cat "$WORK/fairgate-rest.toml"
+        } >"$WORK/fairgate.toml"
         "$bin" serve --config "$WORK/fairgate.toml" >"$WORK/fairgate.log" 2>&1 &
         pid=$!
         wait_port "$PORT"
         read -r rps p99 cpu < <(measure "$PORT" "$pid")
-        echo "| $round | $bin | $rps | $p99 | $cpu |"
+        echo "| $round | $arg | $rps | $p99 | $cpu |"
         kill "$pid"; wait "$pid" 2>/dev/null || true
     done
 done
