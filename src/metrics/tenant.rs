@@ -1,8 +1,10 @@
 //! One tenant's (or plan cohort's) request-level series, registered once at startup and recorded
 //! through handles: a status code, reason or model seen for the first time registers its series
-//! once; after that, recording builds no label strings.
+//! once; after that, recording builds no label strings. Status 200 and the tenant's first model
+//! (nearly every request) are recorded without taking the maps' locks, which both connection
+//! workers would otherwise contend for on every request.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use metrics::{Counter, Histogram, Key, Label, Recorder, SharedString};
@@ -36,6 +38,10 @@ pub struct TenantMetrics {
     deadline_misses: Counter,
     costs: [Counter; 3],
     statuses: Mutex<crate::domain::FastMap<u16, Counter>>,
+    /// `statuses[200]`, once registered.
+    ok: OnceLock<Counter>,
+    /// The first model seen and its (estimated, actual) counters, also in `models`.
+    first_model: OnceLock<(String, Counter, Counter)>,
     rejected: Mutex<crate::domain::FastMap<&'static str, Counter>>,
     models: Mutex<crate::domain::FastMap<String, (Counter, Counter)>>,
 }
@@ -81,6 +87,8 @@ impl TenantMetrics {
             label,
             recorder: recorder.clone(),
             statuses: Mutex::default(),
+            ok: OnceLock::new(),
+            first_model: OnceLock::new(),
             rejected: Mutex::default(),
             models: Mutex::default(),
         }
@@ -97,19 +105,24 @@ impl TenantMetrics {
 
     /// Counts one answered request by status.
     pub fn request(&self, status: u16) {
+        if let Some(ok) = self.ok.get().filter(|_| status == 200) {
+            ok.increment(1);
+            return;
+        }
         let mut map = self.statuses.lock().unwrap_or_else(|p| p.into_inner());
-        map.entry(status)
-            .or_insert_with(|| {
-                self.counter(
-                    "fairgate_requests_total",
-                    "status",
-                    status.to_string().into(),
-                )
-            })
-            .increment(1);
+        let counter = map.entry(status).or_insert_with(|| {
+            self.counter(
+                "fairgate_requests_total",
+                "status",
+                status.to_string().into(),
+            )
+        });
+        counter.increment(1);
+        if status == 200 {
+            let _ = self.ok.set(counter.clone());
+        }
     }
 
-    /// Counts estimated tokens by what became of them.
     pub fn cost(&self, outcome: Outcome, tokens: u64) {
         self.costs[outcome as usize].increment(tokens);
     }
@@ -141,6 +154,9 @@ impl TenantMetrics {
 
     /// Counts a request's estimated and (when known) actual tokens for `model`.
     pub fn tokens(&self, model: &str, estimated: u64, actual: Option<u64>) {
+        if let Some((_, e, a)) = self.first_model.get().filter(|(m, ..)| m == model) {
+            return self.add_tokens(e, a, estimated, actual);
+        }
         let mut map = self.models.lock().unwrap_or_else(|p| p.into_inner());
         let model = if map.contains_key(model) || map.len() < MAX_MODELS {
             model
@@ -160,14 +176,69 @@ impl TenantMetrics {
                 pair("fairgate_tokens_estimated_total"),
                 pair("fairgate_tokens_actual_total"),
             );
+            if map.is_empty() {
+                let _ = self
+                    .first_model
+                    .set((model.to_owned(), v.0.clone(), v.1.clone()));
+            }
             map.insert(model.to_owned(), v);
         }
         let (e, a) = &map[model];
+        self.add_tokens(e, a, estimated, actual);
+    }
+
+    fn add_tokens(&self, e: &Counter, a: &Counter, estimated: u64, actual: Option<u64>) {
         e.increment(estimated);
         if let Some(actual) = actual {
             a.increment(actual);
             self.error_ratio
                 .record(actual as f64 / estimated.max(1) as f64);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use metrics_exporter_prometheus::PrometheusBuilder;
+
+    fn line<'a>(text: &'a str, prefix: &str) -> Option<&'a str> {
+        text.lines().find(|l| l.starts_with(prefix))
+    }
+
+    #[test]
+    fn lock_free_paths_count_like_the_maps() {
+        let recorder = Arc::new(PrometheusBuilder::new().build_recorder());
+        let t = TenantMetrics::new(&recorder, "t");
+        for status in [200, 200, 404, 200] {
+            t.request(status);
+        }
+        t.tokens("m1", 10, Some(20));
+        t.tokens("m1", 5, None);
+        t.tokens("m2", 7, Some(1));
+        t.tokens("m1", 1, Some(2));
+        let text = recorder.handle().render();
+        let value = |prefix: &str| {
+            line(&text, prefix)
+                .unwrap_or_else(|| panic!("no {prefix} in\n{text}"))
+                .rsplit(' ')
+                .next()
+                .unwrap()
+                .to_owned()
+        };
+        assert_eq!(
+            value(r#"fairgate_requests_total{tenant="t",status="200"}"#),
+            "3"
+        );
+        assert_eq!(
+            value(r#"fairgate_requests_total{tenant="t",status="404"}"#),
+            "1"
+        );
+        let est = r#"fairgate_tokens_estimated_total{tenant="t",model="#;
+        assert_eq!(value(&format!(r#"{est}"m1"}}"#)), "16");
+        assert_eq!(value(&format!(r#"{est}"m2"}}"#)), "7");
+        let act = r#"fairgate_tokens_actual_total{tenant="t",model="#;
+        assert_eq!(value(&format!(r#"{act}"m1"}}"#)), "22");
+        assert_eq!(value(&format!(r#"{act}"m2"}}"#)), "1");
     }
 }
