@@ -51,7 +51,7 @@ pub fn init_tracing(format: crate::config::LogFormat) -> Option<crate::logout::F
         .with_timer(crate::logtime::Clock)
         .with_writer(writer);
     let installed = match format {
-        crate::config::LogFormat::Text => builder.try_init(),
+        crate::config::LogFormat::Text => builder.fmt_fields(crate::logfields::Fields).try_init(),
         crate::config::LogFormat::Json => builder.json().flatten_event(true).try_init(),
     };
     installed.ok().map(|()| guard)

@@ -20,6 +20,7 @@ pub mod edge;
 pub mod error;
 pub mod estimate;
 pub mod health;
+pub mod logfields;
 pub mod logout;
 pub mod logtime;
 pub mod metrics;
