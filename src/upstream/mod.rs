@@ -38,6 +38,12 @@ pub const QUEUE_MS_HEADER: &str = "x-fairgate-queue-ms";
 #[derive(Debug, Clone, Copy, Default)]
 pub struct QueueMs(pub u64);
 
+/// One connection worker's client and authority (see [`Upstream`]).
+struct Lane {
+    client: HttpClient,
+    authority: http::uri::Authority,
+}
+
 type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
 /// One provider pool: its address, key, limits, routing patterns and pooled client.
@@ -53,19 +59,20 @@ pub struct Upstream {
     /// Max gap between body frames.
     pub idle_timeout: Duration,
     scheme: http::uri::Scheme,
-    authority: http::uri::Authority,
     prefix: String,
     api_key: Option<HeaderValue>,
-    /// One pooled client per connection worker ([`crate::server::workers`]): a worker's
-    /// requests use its own connections, whose tasks run on its own runtime.
-    clients: Box<[HttpClient]>,
+    /// One lane per connection worker ([`crate::server::workers`]): a worker's requests use
+    /// its own pooled client (whose connection tasks run on its own runtime), and its own copy
+    /// of what every request clones (the authority, the connector's shared state), so the
+    /// reference counts of one worker's requests are not written by the others.
+    lanes: Box<[Lane]>,
 }
 
 impl std::fmt::Debug for Upstream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Upstream")
             .field("name", &self.name)
-            .field("authority", &self.authority)
+            .field("authority", &self.lanes[0].authority)
             .finish_non_exhaustive()
     }
 }
@@ -155,14 +162,21 @@ impl Upstream {
             first_byte_timeout: Duration::from_millis(cfg.first_byte_timeout_ms),
             idle_timeout: Duration::from_millis(cfg.idle_timeout_ms),
             scheme,
-            authority,
             prefix,
             api_key,
-            clients: clients(
-                Duration::from_millis(cfg.connect_timeout_ms),
-                cfg.max_concurrency,
-                lanes,
-            ),
+            lanes: (0..lanes.max(1))
+                .map(|_| Lane {
+                    client: client(
+                        Duration::from_millis(cfg.connect_timeout_ms),
+                        cfg.max_concurrency,
+                    ),
+                    // A copy of its own, not a clone sharing one reference count.
+                    authority: http::uri::Authority::from_maybe_shared(Bytes::copy_from_slice(
+                        authority.as_str().as_bytes(),
+                    ))
+                    .unwrap_or_else(|_| authority.clone()),
+                })
+                .collect(),
         })
     }
 
@@ -170,6 +184,11 @@ impl Upstream {
     /// pooled connections, only then).
     pub fn same_key(&self, other: &Upstream) -> bool {
         self.api_key == other.api_key
+    }
+
+    /// This connection worker's lane.
+    fn lane(&self) -> &Lane {
+        &self.lanes[crate::server::workers::current() % self.lanes.len()]
     }
 
     /// `base_url + (path without /v1) + ?query`.
@@ -184,14 +203,16 @@ impl Upstream {
         }
         Uri::builder()
             .scheme(self.scheme.clone())
-            .authority(self.authority.clone())
+            .authority(self.lane().authority.clone())
             .path_and_query(pq)
             .build()
             .map_err(|_| Error::BadPath)
     }
 }
 
-fn clients(connect_timeout: Duration, pool: usize, lanes: usize) -> Box<[HttpClient]> {
+/// A pooled client with a connector of its own (its shared state is not shared with the other
+/// lanes).
+fn client(connect_timeout: Duration, pool: usize) -> HttpClient {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);
@@ -207,15 +228,11 @@ fn clients(connect_timeout: Duration, pool: usize, lanes: usize) -> Box<[HttpCli
         .enable_http1()
         .enable_http2()
         .wrap_connector(http);
-    (0..lanes.max(1))
-        .map(|_| {
-            Client::builder(TokioExecutor::new())
-                .pool_max_idle_per_host(pool)
-                .pool_idle_timeout(Duration::from_secs(90))
-                .pool_timer(hyper_util::rt::TokioTimer::new())
-                .build(connector.clone())
-        })
-        .collect()
+    Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(pool)
+        .pool_idle_timeout(Duration::from_secs(90))
+        .pool_timer(hyper_util::rt::TokioTimer::new())
+        .build(connector)
 }
 
 /// The innermost service: forwards to the routed upstream.
@@ -292,8 +309,7 @@ impl tower::Service<Request<Bytes>> for Service {
         *out.uri_mut() = uri;
         *out.version_mut() = Version::HTTP_11;
         *out.headers_mut() = parts.headers;
-        let lane = crate::server::workers::current() % upstream.clients.len();
-        let fut = upstream.clients[lane].request(out);
+        let fut = upstream.lane().client.request(out);
         Box::pin(async move {
             let res = match tokio::time::timeout(upstream.first_byte_timeout, fut).await {
                 Err(_) => {
