@@ -7,8 +7,14 @@
 //! `choices[].message.content` (chat JSON), `choices[].text` (completions), a string `delta`
 //! (Responses `*.delta` events), and tool-call arguments.
 //!
-//! Invariants: parsing never fails loudly (a document that does not parse says nothing); the
-//! kept text is bounded by `max_text` bytes, the bytes past it are only counted.
+//! A whole JSON body is first read for its top-level `usage` from its end
+//! ([`usage_from_end`]: the last `"usage"` key, checked to belong to the outermost object by a
+//! scan of what follows it), which skips everything before it; a body where that does not find
+//! a usage with output tokens is parsed whole.
+//!
+//! Invariants: parsing never fails loudly (a document that does not parse says nothing, except
+//! that the from-the-end read does not validate the bytes before the `usage` key); the kept text
+//! is bounded by `max_text` bytes, the bytes past it are only counted.
 
 use std::borrow::Cow;
 
@@ -139,15 +145,16 @@ impl Tally {
     /// for its usage alone (its text is never needed: counting is the fallback when usage lacks
     /// them); any other body is observed in full, text included.
     pub fn observe_body(&mut self, json: &[u8]) -> Seen {
-        if let Ok(doc) = serde_json::from_slice::<UsageDoc>(json) {
-            let usage = doc.usage.or(doc.response.and_then(|r| r.usage));
-            if let Some(u) = usage.filter(|u| u.completion_tokens.is_some()) {
-                self.usage = Some(u);
-                return Seen {
-                    usage,
-                    usage_only: false,
-                };
-            }
+        let usage = usage_from_end(json).or_else(|| {
+            let doc = serde_json::from_slice::<UsageDoc>(json).ok()?;
+            doc.usage.or(doc.response.and_then(|r| r.usage))
+        });
+        if let Some(u) = usage.filter(|u| u.completion_tokens.is_some()) {
+            self.usage = Some(u);
+            return Seen {
+                usage,
+                usage_only: false,
+            };
         }
         self.observe(json)
     }
@@ -183,6 +190,56 @@ impl Tally {
         }
         Seen { usage, usage_only }
     }
+}
+
+/// The top-level `usage` of a JSON object, read from its end: the last unescaped `"usage"`
+/// key, whose object must parse as a [`Usage`] and be followed by nothing but further members
+/// of the outermost object. `None` otherwise (the caller then parses the whole body).
+fn usage_from_end(json: &[u8]) -> Option<Usage> {
+    const KEY: &[u8] = b"\"usage\"";
+    let mut end = json.len();
+    loop {
+        let at = json[..end].windows(KEY.len()).rposition(|w| w == KEY)?;
+        end = at;
+        let backslashes = json[..at].iter().rev().take_while(|&&b| b == b'\\').count();
+        let mut i = at + KEY.len();
+        while json.get(i).is_some_and(u8::is_ascii_whitespace) {
+            i += 1;
+        }
+        if backslashes % 2 == 1 || json.get(i) != Some(&b':') {
+            continue; // not a key: text, or a string value "usage"
+        }
+        let mut values = serde_json::Deserializer::from_slice(&json[i + 1..]).into_iter::<Usage>();
+        let usage = values.next()?.ok()?;
+        let after = i + 1 + values.byte_offset();
+        return closes_outermost(&json[after..]).then_some(usage);
+    }
+}
+
+/// Whether `rest` (what follows a member's value) closes the object holding that member with
+/// a `}` that ends the document: its brackets, outside strings, never close more than that.
+fn closes_outermost(rest: &[u8]) -> bool {
+    let (mut depth, mut in_string, mut escaped) = (0u32, false, false);
+    for (i, &b) in rest.iter().enumerate() {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'{' | b'[' => depth += 1,
+            b'}' | b']' if depth > 0 => depth -= 1,
+            b'}' => return rest[i + 1..].iter().all(u8::is_ascii_whitespace),
+            b']' => return false,
+            _ => {}
+        }
+    }
+    false
 }
 
 #[cfg(test)]
@@ -242,6 +299,61 @@ mod tests {
         let s = t.observe_body(br#"{"choices":[{"text":"no usage"}],"usage":null}"#);
         assert_eq!((s, t.text.as_str()), (Seen::default(), "no usage"));
         assert_eq!(Tally::new(8).observe_body(b"{oops"), Seen::default());
+    }
+
+    #[test]
+    fn usage_is_read_from_the_end_only_when_it_is_a_top_level_member() {
+        let u = |p, c| {
+            Some(Usage {
+                prompt_tokens: Some(p),
+                completion_tokens: Some(c),
+            })
+        };
+        let end = |s: &str| usage_from_end(s.as_bytes());
+        assert_eq!(
+            end(r#"{"a":1,"usage":{"prompt_tokens":5,"completion_tokens":3}}"#),
+            u(5, 3)
+        );
+        assert_eq!(
+            end(
+                r#"{"usage" : {"prompt_tokens":5,"completion_tokens":3} , "fp":"x}]\"{", "n":[{}]} "#
+            ),
+            u(5, 3)
+        );
+        // A `usage` nested in a member, or inside a string, is not the top-level one.
+        assert_eq!(
+            end(r#"{"a":{"usage":{"prompt_tokens":1,"completion_tokens":1}}}"#),
+            None
+        );
+        assert_eq!(
+            end(r#"[{"usage":{"prompt_tokens":1,"completion_tokens":1}}]"#),
+            None
+        );
+        assert_eq!(
+            end(r#"{"t":"\"usage\":{\"completion_tokens\":9}","x":1}"#),
+            None
+        );
+        assert_eq!(end(r#"{"k":"usage","v":2}"#), None);
+        // A string value "usage" after the key does not hide the key.
+        assert_eq!(
+            end(r#"{"usage":{"prompt_tokens":2,"completion_tokens":4},"k":"usage"}"#),
+            u(2, 4)
+        );
+        assert_eq!(end(r#"{"usage":null}"#), None);
+        assert_eq!(
+            end(r#"{"usage":{"prompt_tokens":2,"completion_tokens":4}"#),
+            None
+        );
+        assert_eq!(
+            end(r#"{"usage":{"prompt_tokens":2,"completion_tokens":4}}}"#),
+            None
+        );
+        // Whatever the from-the-end read refuses, the whole parse still finds.
+        let mut t = Tally::new(100);
+        let s = t.observe_body(
+            br#"{"usage":{"prompt_tokens":2,"completion_tokens":4},"k":{"usage":null}}"#,
+        );
+        assert_eq!(s.usage, u(2, 4));
     }
 
     #[test]
