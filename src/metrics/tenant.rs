@@ -123,6 +123,7 @@ impl TenantMetrics {
         }
     }
 
+    /// Counts estimated tokens by what became of them.
     pub fn cost(&self, outcome: Outcome, tokens: u64) {
         self.costs[outcome as usize].increment(tokens);
     }
