@@ -43,15 +43,6 @@ struct Doc<'a> {
     delta: Option<StrOrAny<'a>>,
 }
 
-/// Only the usage of a document: everything else is skipped without allocating.
-#[derive(Debug, Default, Deserialize)]
-struct UsageDoc {
-    #[serde(default)]
-    usage: Option<Usage>,
-    #[serde(default)]
-    response: Option<Inner>,
-}
-
 #[derive(Debug, Default, Deserialize)]
 struct Inner {
     #[serde(default)]
@@ -141,14 +132,11 @@ impl Tally {
         }
     }
 
-    /// Observes a whole JSON response body. A body whose usage gives the output tokens is read
-    /// for its usage alone (its text is never needed: counting is the fallback when usage lacks
-    /// them); any other body is observed in full, text included.
+    /// Observes a whole JSON response body. A body whose top-level usage, read from its end,
+    /// gives the output tokens is read for that alone (its text is never needed: counting is
+    /// the fallback when usage lacks them); any other body is observed in full, once.
     pub fn observe_body(&mut self, json: &[u8]) -> Seen {
-        let usage = usage_from_end(json).or_else(|| {
-            let doc = serde_json::from_slice::<UsageDoc>(json).ok()?;
-            doc.usage.or(doc.response.and_then(|r| r.usage))
-        });
+        let usage = usage_from_end(json);
         if let Some(u) = usage.filter(|u| u.completion_tokens.is_some()) {
             self.usage = Some(u);
             return Seen {
