@@ -41,15 +41,17 @@ type HttpStack = BoxCloneSyncService<Request<Incoming>, Response<ResponseBody>, 
 pub struct Generation {
     /// The shared state of this generation.
     pub state: State,
-    main: HttpStack,
-    ops: HttpStack,
+    /// The main listener's stack, then the operations listener's (indexed by `ops as usize`).
+    stacks: [HttpStack; 2],
 }
 
 impl Generation {
     fn new(state: State) -> Self {
         Self {
-            main: BoxCloneSyncService::new(stack::<Incoming>(&state)),
-            ops: BoxCloneSyncService::new(ops::stack::<Incoming>(&state)),
+            stacks: [
+                BoxCloneSyncService::new(stack::<Incoming>(&state)),
+                BoxCloneSyncService::new(ops::stack::<Incoming>(&state)),
+            ],
             state,
         }
     }
@@ -152,8 +154,7 @@ impl LiveService {
 /// This thread's stacks of the generation it last served (see the module docs).
 struct Cached {
     generation: Arc<Generation>,
-    main: HttpStack,
-    ops: HttpStack,
+    stacks: [HttpStack; 2],
 }
 
 thread_local! {
@@ -178,16 +179,11 @@ impl hyper::service::Service<Request<Incoming>> for LiveService {
             {
                 *cell = Some(Cached {
                     generation: Arc::clone(&generation),
-                    main: generation.main.clone(),
-                    ops: generation.ops.clone(),
+                    stacks: generation.stacks.clone(),
                 });
             }
             let cached = cell.as_mut()?;
-            let stack = if self.ops {
-                &mut cached.ops
-            } else {
-                &mut cached.main
-            };
+            let stack = &mut cached.stacks[usize::from(self.ops)];
             // Every stage is always ready (none holds back in `poll_ready`); were one not, the
             // request takes the cloning path below, which waits for it.
             match stack.poll_ready(&mut Context::from_waker(Waker::noop())) {
@@ -197,14 +193,11 @@ impl hyper::service::Service<Request<Incoming>> for LiveService {
         });
         match (in_place, req) {
             (Some(fut), _) => Either::Left(fut),
-            (None, Some(req)) => {
-                let stack = if self.ops {
-                    generation.ops.clone()
-                } else {
-                    generation.main.clone()
-                };
-                Either::Right(stack.oneshot(req))
-            }
+            (None, Some(req)) => Either::Right(
+                generation.stacks[usize::from(self.ops)]
+                    .clone()
+                    .oneshot(req),
+            ),
             (None, None) => unreachable!("the request is taken only with a future"),
         }
     }
