@@ -8,6 +8,11 @@
 #
 #   bench/ab.sh target/release/fairgate /tmp/fairgate-old     # ROUNDS=2 DURATION=5s
 #   bench/ab.sh target/release/fairgate:1 target/release/fairgate:2   # BIN:N sets [server] workers
+#   bench/ab.sh target/release/fairgate target/release/examples/ceiling  # vs the hyper-only ceiling
+#
+# The first binary must be a fairgate build (it also runs the mock upstream); later ones may be
+# anything that takes `serve --config FILE`, such as `examples/ceiling.rs`
+# (`cargo build --release --example ceiling`).
 #
 # Needs wrk and nginx (bench/overhead.sh installs them). Everything binds 127.0.0.1 and is
 # stopped on exit.
