@@ -10,6 +10,11 @@
 # cluster/fairgate ratios. Everything binds 127.0.0.1 and everything started here is stopped on
 # exit.
 #
+# `ceiling` adds a row for `examples/ceiling.rs`: fairgate's transport (per-core runtimes, the
+# same hyper-util server and client) forwarding and nothing else, on the fairgate config — the
+# best any proxy built from these pieces does on this rig, so fairgate's own cost is the gap
+# between its row and this one.
+#
 # Cluster load: wrk keeps each connection on the one address it was given, so a Lua script cannot
 # rotate replicas per request; instead three wrk processes run at once, one per replica, each with
 # a third of THREADS (at least 1) and of CONNS (rounded down). The row's rps is their sum; its
@@ -17,13 +22,15 @@
 # errors are summed.
 #
 # Environment knobs:
-#   TARGETS=direct,nginx,fairgate   which rows to run (add cluster, e.g. TARGETS=fairgate,cluster)
+#   TARGETS=direct,nginx,fairgate   which rows to run (add ceiling and/or cluster, e.g.
+#                                   TARGETS=nginx,fairgate,ceiling)
 #   THREADS=2 CONNS=64 DURATION=10s wrk settings   WARMUP=2s  (0 to skip)
 #   ROUNDS=1                        with nginx and fairgate both run: repeat their two rows
 #                                   alternately this many times (servers kept up) and print
 #                                   every round's ratios and their median (noisy shared hosts)
 #   SKIP_BUILD=1                    reuse target/release/fairgate as is
 #   FAIRGATE_BIN=path               use another fairgate binary (implies nothing about SKIP_BUILD)
+#   CEILING_BIN=path                likewise for the ceiling (default target/release/examples/ceiling)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -33,6 +40,7 @@ CONNS="${CONNS:-64}"
 DURATION="${DURATION:-10s}"
 WARMUP="${WARMUP:-2s}"
 BIN="${FAIRGATE_BIN:-$ROOT/target/release/fairgate}"
+CEILING_BIN="${CEILING_BIN:-$ROOT/target/release/examples/ceiling}"
 LUA="$ROOT/bench/chat.lua"
 
 WORK="$(mktemp -d -t fairgate-bench.XXXXXX)"
@@ -149,6 +157,16 @@ start_fairgate() {
     }
 }
 
+start_ceiling() {
+    CEILING_PORT="$(free_port)"
+    [ -f "$WORK/fairgate.toml" ] || write_fairgate_config 0
+    sed "s|^listen = .*|listen = \"127.0.0.1:$CEILING_PORT\"|" "$WORK/fairgate.toml" \
+        >"$WORK/ceiling.toml"
+    "$CEILING_BIN" serve --config "$WORK/ceiling.toml" >"$WORK/ceiling.log" 2>&1 &
+    PIDS+=($!)
+    wait_port "$CEILING_PORT" ceiling
+}
+
 start_redis() {
     REDIS_PORT="$(free_port)"
     redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no \
@@ -253,6 +271,9 @@ main() {
     if [ "${SKIP_BUILD:-0}" != "1" ]; then
         log "cargo build --release"
         (cd "$ROOT" && cargo build --release --locked)
+        if want ceiling; then
+            (cd "$ROOT" && cargo build --release --locked --example ceiling)
+        fi
     fi
     [ -x "$BIN" ] || { log "missing $BIN"; exit 1; }
 
@@ -270,6 +291,14 @@ main() {
             RESULT[fairgate]="$(run_wrk fairgate "http://127.0.0.1:$FAIRGATE_PORT$path")"
         else
             log "fairgate serve did not start: row left pending"
+        fi
+    fi
+
+    if want ceiling; then
+        if start_ceiling; then
+            RESULT[ceiling]="$(run_wrk ceiling "http://127.0.0.1:$CEILING_PORT$path")"
+        else
+            log "ceiling did not start: row left pending"
         fi
     fi
 
@@ -300,13 +329,18 @@ main() {
     echo "| target | rps | p50 ms | p90 ms | p99 ms | errors |"
     echo "|---|---:|---:|---:|---:|---:|"
     local t
-    for t in direct nginx fairgate cluster; do
+    for t in direct nginx fairgate ceiling cluster; do
         if want "$t"; then row "$t"; fi
     done
     if [ -n "${RESULT[fairgate]:-}" ] && [ -n "${RESULT[nginx]:-}" ]; then
         awk -v fr="$(field "${RESULT[fairgate]}" rps)" -v nr="$(field "${RESULT[nginx]}" rps)" \
             -v fp="$(field "${RESULT[fairgate]}" p99_ms)" -v np="$(field "${RESULT[nginx]}" p99_ms)" \
             'BEGIN { printf "\nfairgate/nginx: rps %.2fx, p99 %.2fx\n", fr / nr, fp / np }'
+    fi
+    if [ -n "${RESULT[ceiling]:-}" ] && [ -n "${RESULT[nginx]:-}" ]; then
+        awk -v cr="$(field "${RESULT[ceiling]}" rps)" -v nr="$(field "${RESULT[nginx]}" rps)" \
+            -v cp="$(field "${RESULT[ceiling]}" p99_ms)" -v np="$(field "${RESULT[nginx]}" p99_ms)" \
+            'BEGIN { printf "ceiling/nginx: rps %.2fx, p99 %.2fx\n", cr / nr, cp / np }'
     fi
     if [ ${#ratios[@]} -gt 1 ]; then
         echo
