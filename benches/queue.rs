@@ -62,7 +62,7 @@ fn acquire_release(c: &mut Criterion) {
             let mut permit = rt
                 .block_on(q.acquire(id, Class::Interactive, false, cost))
                 .expect("never full");
-            permit.set_actual(Tokens(500));
+            permit.settle(Some(Tokens(500)), 0);
             drop(black_box(permit));
         })
     });

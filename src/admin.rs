@@ -15,8 +15,9 @@ use std::task::{Context, Poll};
 use futures_util::future::{ready, BoxFuture, Either, Ready};
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 
+use crate::config::ConfigError;
 use crate::domain::TenantId;
-use crate::error::{render, ApiError, Error};
+use crate::error::{ApiError, Error};
 use crate::estimate::Estimator;
 use crate::metrics::Metrics;
 use crate::queue::FairQueue;
@@ -26,7 +27,76 @@ use crate::response::ResponseBody;
 pub trait Reload: Send + Sync {
     /// Re-reads and applies the configuration: a JSON summary of what changed, or why not.
     /// Blocking.
-    fn reload(&self) -> Result<serde_json::Value, crate::server::ReloadError>;
+    fn reload(&self) -> Result<serde_json::Value, ReloadError>;
+}
+
+/// Why a reload was refused; the configuration in force stays.
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    /// The server was started from a `Config` value, not a file: there is nothing to re-read.
+    #[error("this server was not started from a config file; there is nothing to reload")]
+    NoFile,
+    /// The new configuration is invalid (the message names the key).
+    #[error("invalid configuration, the previous one stays in force: {0}")]
+    Invalid(#[from] ConfigError),
+}
+
+impl ApiError for ReloadError {
+    fn status(&self) -> StatusCode {
+        match self {
+            ReloadError::NoFile => StatusCode::CONFLICT,
+            ReloadError::Invalid(_) => StatusCode::BAD_REQUEST,
+        }
+    }
+    fn kind(&self) -> &'static str {
+        "invalid_request_error"
+    }
+    fn code(&self) -> &'static str {
+        match self {
+            ReloadError::NoFile => "no_config_file",
+            ReloadError::Invalid(_) => "invalid_config",
+        }
+    }
+    fn reason(&self) -> &'static str {
+        "admin"
+    }
+}
+
+/// Refusals of the operations endpoints (admin API, and unknown paths on the ops listener).
+#[derive(Debug, thiserror::Error)]
+pub enum OpsError {
+    /// No such endpoint (or the admin API is off).
+    #[error("not found")]
+    NotFound,
+    /// Missing or wrong admin token.
+    #[error("a valid admin bearer token is required")]
+    Unauthorized,
+    /// A known endpoint with the wrong method.
+    #[error("method not allowed")]
+    MethodNotAllowed,
+}
+
+impl ApiError for OpsError {
+    fn status(&self) -> StatusCode {
+        match self {
+            OpsError::NotFound => StatusCode::NOT_FOUND,
+            OpsError::Unauthorized => StatusCode::UNAUTHORIZED,
+            OpsError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+        }
+    }
+    fn kind(&self) -> &'static str {
+        "invalid_request_error"
+    }
+    fn code(&self) -> &'static str {
+        match self {
+            OpsError::NotFound => "not_found",
+            OpsError::Unauthorized => "invalid_admin_token",
+            OpsError::MethodNotAllowed => "method_not_allowed",
+        }
+    }
+    fn reason(&self) -> &'static str {
+        "admin"
+    }
 }
 
 /// What the admin API reads; cloning shares it.
@@ -133,16 +203,13 @@ fn json(value: &serde_json::Value) -> Response<ResponseBody> {
 /// Runs a reload off the async threads and renders its answer.
 async fn reload(hook: Option<Arc<dyn Reload>>) -> Res {
     let Some(hook) = hook else {
-        let e = crate::server::ReloadError::NoFile;
-        return Ok(render(e.status(), &e.to_string(), e.kind(), e.code()));
+        return Err(ReloadError::NoFile.into());
     };
-    Ok(
-        match tokio::task::spawn_blocking(move || hook.reload()).await {
-            Ok(Ok(summary)) => json(&summary),
-            Ok(Err(e)) => render(e.status(), &e.to_string(), e.kind(), e.code()),
-            Err(_) => return Err(Error::Internal("the reload task panicked")),
-        },
-    )
+    match tokio::task::spawn_blocking(move || hook.reload()).await {
+        Ok(Ok(summary)) => Ok(json(&summary)),
+        Ok(Err(e)) => Err(e.into()),
+        Err(_) => Err(Error::internal("the reload task panicked")),
+    }
 }
 
 impl<S, B> tower::Service<Request<B>> for Service<S>
@@ -164,39 +231,19 @@ where
         }
         let a = &self.admin;
         let res = match &a.token {
-            None => render(
-                StatusCode::NOT_FOUND,
-                "not found",
-                "invalid_request_error",
-                "not_found",
-            ),
-            Some(t) if !a.authorized(t, &req) => render(
-                StatusCode::UNAUTHORIZED,
-                "a valid admin bearer token is required",
-                "invalid_request_error",
-                "invalid_admin_token",
-            ),
+            None => Err(OpsError::NotFound.into()),
+            Some(t) if !a.authorized(t, &req) => Err(OpsError::Unauthorized.into()),
             Some(_) => match (req.method(), path) {
-                (&Method::GET, "/admin/tenants") => json(&a.tenants()),
+                (&Method::GET, "/admin/tenants") => Ok(json(&a.tenants())),
                 (&Method::POST, "/admin/reload") => {
                     let hook = a.reload.as_ref().and_then(Weak::upgrade);
                     return Either::Left(Either::Right(Box::pin(reload(hook))));
                 }
-                (_, "/admin/tenants" | "/admin/reload") => render(
-                    StatusCode::METHOD_NOT_ALLOWED,
-                    "method not allowed",
-                    "invalid_request_error",
-                    "method_not_allowed",
-                ),
-                _ => render(
-                    StatusCode::NOT_FOUND,
-                    "not found",
-                    "invalid_request_error",
-                    "not_found",
-                ),
+                (_, "/admin/tenants" | "/admin/reload") => Err(OpsError::MethodNotAllowed.into()),
+                _ => Err(OpsError::NotFound.into()),
             },
         };
-        Either::Left(Either::Left(ready(Ok(res))))
+        Either::Left(Either::Left(ready(res)))
     }
 }
 

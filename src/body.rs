@@ -1,5 +1,6 @@
 //! Body stage: reads the request body once into `Bytes`, bounded by `[server] max_body_bytes`,
-//! and parses JSON endpoints once into [`Parsed`] (model, stream, usage, max tokens).
+//! and parses JSON endpoints once into the context's [`Parsed`] (model, stream, usage, max
+//! tokens).
 //!
 //! Invariants: a `Content-Length` over the cap is rejected (413) before any byte is read; a body
 //! growing over the cap while read is rejected at the cap; JSON endpoints require
@@ -20,20 +21,7 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 use crate::error::ApiError;
 use crate::response::{BoxError, ResponseBody};
 
-/// The parsed JSON request of a JSON endpoint, inserted into request extensions.
-#[derive(Debug, Clone)]
-pub struct Parsed {
-    /// The requested model.
-    pub model: String,
-    /// `stream: true`.
-    pub stream: bool,
-    /// `stream_options.include_usage: true`.
-    pub include_usage: bool,
-    /// `max_tokens`, `max_completion_tokens` or `max_output_tokens`.
-    pub max_tokens: Option<u64>,
-    /// The whole document (shared: request extensions are cloned for each upstream attempt).
-    pub value: std::sync::Arc<serde_json::Value>,
-}
+pub use crate::context::Parsed;
 
 /// Body stage errors.
 #[derive(Debug, thiserror::Error)]
@@ -77,6 +65,9 @@ impl ApiError for Error {
             Error::MissingModel => "missing_model",
             Error::Read => "invalid_body",
         }
+    }
+    fn reason(&self) -> &'static str {
+        "bad_request"
     }
 }
 
@@ -193,14 +184,15 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let max = self.max;
         Box::pin(async move {
-            let (mut parts, body) = req.into_parts();
+            let ctx = crate::context::of(&req)?;
+            let (parts, body) = req.into_parts();
             let json = is_json_endpoint(&parts.method, parts.uri.path());
             if json && !is_json(&parts.headers) {
                 return Err(Error::UnsupportedMediaType.into());
             }
             let bytes = read(&parts.headers, body, max).await?;
             if json {
-                parts.extensions.insert(parse(&bytes)?);
+                ctx.set_request(parse(&bytes)?);
             }
             inner.call(Request::from_parts(parts, bytes)).await
         })

@@ -39,19 +39,19 @@ pub fn serve(path: &Path) -> ExitCode {
 
 /// Installs the process's log subscriber: `FAIRGATE_LOG` filter (default `info`), text or JSON
 /// lines by `[log] format`, written to stdout in batches off the request path
-/// ([`crate::logout`]). Keep the returned guard until exit (it writes what is left); `None` if a
+/// ([`crate::log`]). Keep the returned guard until exit (it writes what is left); `None` if a
 /// subscriber was already installed.
-pub fn init_tracing(format: crate::config::LogFormat) -> Option<crate::logout::FlushGuard> {
+pub fn init_tracing(format: crate::config::LogFormat) -> Option<crate::log::FlushGuard> {
     let filter = tracing_subscriber::EnvFilter::try_from_env("FAIRGATE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let (writer, guard) = crate::logout::Batched::new(std::io::stdout());
+    let (writer, guard) = crate::log::Batched::new(std::io::stdout());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
-        .with_timer(crate::logtime::Clock)
+        .with_timer(crate::log::clock::Clock)
         .with_writer(writer);
     let installed = match format {
-        crate::config::LogFormat::Text => builder.fmt_fields(crate::logfields::Fields).try_init(),
+        crate::config::LogFormat::Text => builder.fmt_fields(crate::log::fields::Fields).try_init(),
         crate::config::LogFormat::Json => builder.json().flatten_event(true).try_init(),
     };
     installed.ok().map(|()| guard)

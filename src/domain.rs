@@ -1,7 +1,9 @@
 //! Domain newtypes shared by every stage: no bare `u64`/`f64` crosses a module boundary.
+//! A leaf: it imports no other module of the crate.
 //!
 //! Invariants: `Tokens` is a non-negative count of (possibly estimated) tokens; `Weight` is finite
-//! and strictly positive; `TenantId` is the configured tenant id and never a key.
+//! and strictly positive; `TenantId` is the configured tenant id and never a key (keys are only
+//! held as [`KeyDigest`]s); a [`Charge`]'s arithmetic saturates.
 
 use std::fmt;
 use std::sync::Arc;
@@ -111,3 +113,104 @@ impl Class {
 /// A hash map for the request path: keys are config-derived (tenant ids, models) or already
 /// hashes, so a fast seeded hasher (foldhash) replaces SipHash.
 pub type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+
+/// Which discipline orders a pool's queue (`[scheduler] policy`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Policy {
+    /// Weighted deficit round robin in tokens (the point of fairgate).
+    #[default]
+    Drr,
+    /// One arrival-ordered queue (exists to compare against).
+    Fifo,
+}
+
+/// What a request is charged, in raw tokens, by direction.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Charge {
+    /// Input (prompt) tokens.
+    pub input: u64,
+    /// Output (completion) tokens.
+    pub output: u64,
+}
+
+impl Charge {
+    /// Input plus output.
+    pub fn total(self) -> Tokens {
+        Tokens(self.input.saturating_add(self.output))
+    }
+}
+
+/// The SHA-256 digest of an API key: the only form in which keys are kept.
+pub type KeyDigest = [u8; 32];
+
+/// SHA-256 of a key.
+pub fn digest(key: &[u8]) -> KeyDigest {
+    use sha2::Digest;
+    sha2::Sha256::digest(key).into()
+}
+
+/// Parses a 64-hex-character SHA-256 digest.
+pub fn parse_digest(hex_digest: &str) -> Option<KeyDigest> {
+    let mut out = [0u8; 32];
+    hex::decode_to_slice(hex_digest, &mut out).ok()?;
+    Some(out)
+}
+
+/// A tiktoken encoding, by its tiktoken name (counting with it lives in `estimate`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Encoding(pub tiktoken_rs::tokenizer::Tokenizer);
+
+impl Encoding {
+    /// `o200k_base`, the default for unknown models.
+    pub const O200K: Encoding = Encoding(tiktoken_rs::tokenizer::Tokenizer::O200kBase);
+    /// `cl100k_base`.
+    pub const CL100K: Encoding = Encoding(tiktoken_rs::tokenizer::Tokenizer::Cl100kBase);
+
+    /// Parses a tiktoken encoding name (`o200k_base`, `cl100k_base`, …).
+    pub fn parse(name: &str) -> Option<Self> {
+        use tiktoken_rs::tokenizer::Tokenizer;
+        Some(Encoding(match name {
+            "o200k_base" => Tokenizer::O200kBase,
+            "o200k_harmony" => Tokenizer::O200kHarmony,
+            "cl100k_base" => Tokenizer::Cl100kBase,
+            "p50k_base" => Tokenizer::P50kBase,
+            "p50k_edit" => Tokenizer::P50kEdit,
+            "r50k_base" => Tokenizer::R50kBase,
+            "gpt2" => Tokenizer::Gpt2,
+            _ => return None,
+        }))
+    }
+
+    /// The encoding tiktoken-rs's own model map gives `model`, if it knows the model.
+    pub fn for_model(model: &str) -> Option<Self> {
+        tiktoken_rs::tokenizer::get_tokenizer(model).map(Encoding)
+    }
+}
+
+/// Longest model name kept in an [`OutputKey`] (longer names are cut, so clients cannot grow
+/// keys).
+const MAX_MODEL_LEN: usize = 128;
+
+/// Whose output history an output estimate comes from: (tenant, model).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct OutputKey {
+    /// The tenant.
+    pub tenant: TenantId,
+    /// The requested model (cut to 128 bytes).
+    pub model: Arc<str>,
+}
+
+impl OutputKey {
+    /// The key of `tenant` asking `model`.
+    pub fn new(tenant: TenantId, model: &str) -> Self {
+        let mut end = model.len().min(MAX_MODEL_LEN);
+        while !model.is_char_boundary(end) {
+            end -= 1;
+        }
+        Self {
+            tenant,
+            model: model[..end].into(),
+        }
+    }
+}

@@ -1,128 +1,225 @@
-//! Errors of every request-path stage, rendered to HTTP once, here.
+//! The request path's error type: a leaf that knows no stage.
 //!
 //! Each stage owns a `thiserror` enum (its doc comment is the message) and implements
-//! [`ApiError`] to say which status, OpenAI `type` and `code` each variant maps to. Stages return
-//! `Err(Error)`; the outermost layer of [`crate::server::stack`] calls [`Error::into_response`],
-//! so the OpenAI error shape `{"error":{"message","type","code"}}` is built in exactly one place.
+//! [`ApiError`] for it: status, OpenAI `type` and `code`, extra headers, the metrics `reason`
+//! label, and whether the request never reached the provider. A stage returns `Err(e.into())`;
+//! [`Error`] wraps any such error behind the trait, so no stage matches on another stage's
+//! variants. The outermost layer (`render`) turns an [`Error`] into OpenAI's error shape — the
+//! one place an error becomes HTTP.
 //!
 //! Invariant: an error message never contains an API key or prompt text.
 
-use bytes::Bytes;
-use http::{header, HeaderValue, Response, StatusCode};
+use std::fmt;
 
-use crate::response::ResponseBody;
+use http::{HeaderName, HeaderValue, StatusCode};
 
-/// How a stage's error presents itself to an OpenAI client.
-pub trait ApiError: std::error::Error {
+/// Response header saying whose limit refused a request: `tenant`, `queue` or `upstream`.
+pub const LIMIT_HEADER: &str = "x-fairgate-limit";
+
+/// How a stage's error presents itself to an OpenAI client, to metrics and to admission.
+pub trait ApiError: std::error::Error + Send + Sync + 'static {
     /// The HTTP status.
     fn status(&self) -> StatusCode;
     /// OpenAI's `error.type`, e.g. `invalid_request_error`.
     fn kind(&self) -> &'static str;
     /// OpenAI's `error.code`, e.g. `invalid_api_key`.
     fn code(&self) -> &'static str;
-    /// Extra response headers (e.g. `Retry-After`, `x-fairgate-limit`).
-    fn headers(&self) -> Vec<(header::HeaderName, HeaderValue)> {
+    /// OpenAI's `error.param`: the request field at fault, if one is.
+    fn param(&self) -> Option<&str> {
+        None
+    }
+    /// Whose limit refused the request (`x-fairgate-limit`), if it was a limit.
+    fn limit(&self) -> Option<&'static str> {
+        None
+    }
+    /// Extra response headers (e.g. `Retry-After`).
+    fn headers(&self) -> Vec<(HeaderName, HeaderValue)> {
         Vec::new()
+    }
+    /// The `reason` label of `fairgate_rejected_total`.
+    fn reason(&self) -> &'static str;
+    /// Whether the request certainly never reached the provider (so what admission charged it
+    /// is given back in full).
+    fn never_sent(&self) -> bool {
+        false
     }
 }
 
-/// Any error a request can end with: one variant per stage.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// The tenant stage rejected the request.
-    #[error(transparent)]
-    Tenant(#[from] crate::tenant::Error),
-    /// The body stage rejected the request.
-    #[error(transparent)]
-    Body(#[from] crate::body::Error),
-    /// The estimate stage rejected the request (malformed content).
-    #[error(transparent)]
-    Estimate(#[from] crate::estimate::Error),
-    /// No route for the request.
-    #[error(transparent)]
-    Route(#[from] crate::route::Error),
-    /// Admission refused the request (size, deadline, rate limit).
-    #[error(transparent)]
-    Admission(#[from] crate::admission::Error),
-    /// The fair queue refused or could not grant the request.
-    #[error(transparent)]
-    Queue(#[from] crate::queue::QueueError),
-    /// The upstream could not be reached or timed out.
-    #[error(transparent)]
-    Upstream(#[from] crate::upstream::Error),
-    /// A bug: a stage panicked or a required extension was missing.
-    #[error("internal error: {0}")]
-    Internal(&'static str),
+/// Any error a request can end with: a stage's [`ApiError`], plus headers that stages above
+/// the one that failed add on its way out (e.g. the tenant's `x-ratelimit-*`).
+pub struct Error {
+    inner: Box<dyn ApiError>,
+    extra: Vec<(HeaderName, HeaderValue)>,
+}
+
+impl<E: ApiError> From<E> for Error {
+    fn from(e: E) -> Self {
+        Self {
+            inner: Box::new(e),
+            extra: Vec::new(),
+        }
+    }
 }
 
 impl Error {
-    fn parts(&self) -> (StatusCode, &'static str, &'static str) {
-        fn of(e: &dyn ApiError) -> (StatusCode, &'static str, &'static str) {
-            (e.status(), e.kind(), e.code())
-        }
-        match self {
-            Error::Tenant(e) => of(e),
-            Error::Body(e) => of(e),
-            Error::Estimate(e) => of(e),
-            Error::Route(e) => of(e),
-            Error::Admission(e) => of(e),
-            Error::Queue(e) => of(e),
-            Error::Upstream(e) => of(e),
-            Error::Internal(_) => (
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "server_error",
-                "internal_error",
-            ),
-        }
+    /// A bug: a stage panicked, or found a context field that the stage above it must have
+    /// written missing (a misordered stack). Logged once, here, and answered 500.
+    pub fn internal(what: &'static str) -> Self {
+        tracing::error!(target: "fairgate::bug", error = what, "internal error");
+        Internal(what).into()
     }
 
-    /// The HTTP status this error renders with.
+    /// The stage's error.
+    pub fn api(&self) -> &dyn ApiError {
+        &*self.inner
+    }
+
+    /// The HTTP status.
     pub fn status(&self) -> StatusCode {
-        self.parts().0
+        self.inner.status()
     }
 
-    /// Renders the error in OpenAI's shape with its status. The only place errors become HTTP.
-    pub fn into_response(self) -> Response<ResponseBody> {
-        let (status, kind, code) = self.parts();
-        let mut res = render(status, &self.to_string(), kind, code);
-        let extra = match &self {
-            Error::Queue(e) => e.headers(),
-            Error::Admission(e) => e.headers(),
-            _ => Vec::new(),
-        };
-        res.headers_mut().extend(extra);
-        res
+    /// The metrics `reason` label.
+    pub fn reason(&self) -> &'static str {
+        self.inner.reason()
+    }
+
+    /// Whose limit refused the request, if any.
+    pub fn limit(&self) -> Option<&'static str> {
+        self.inner.limit()
+    }
+
+    /// Whether the request certainly never reached the provider.
+    pub fn never_sent(&self) -> bool {
+        self.inner.never_sent()
+    }
+
+    /// Adds headers to the eventual response (replacing none of the stage's own).
+    pub fn with_headers(
+        mut self,
+        headers: impl IntoIterator<Item = (HeaderName, HeaderValue)>,
+    ) -> Self {
+        self.extra.extend(headers);
+        self
+    }
+
+    /// Every header of the eventual response beyond content type: the stage's own, the
+    /// `x-fairgate-limit`, then what stages above added.
+    pub fn all_headers(&self) -> Vec<(HeaderName, HeaderValue)> {
+        let mut h = self.inner.headers();
+        if let Some(limit) = self.inner.limit() {
+            h.push((
+                HeaderName::from_static(LIMIT_HEADER),
+                HeaderValue::from_static(limit),
+            ));
+        }
+        h.extend(self.extra.iter().cloned());
+        h
     }
 }
 
-/// Builds an OpenAI-shaped error response.
-pub fn render(status: StatusCode, message: &str, kind: &str, code: &str) -> Response<ResponseBody> {
-    let body = serde_json::json!({
-        "error": { "message": message, "type": kind, "code": code, "param": null }
-    });
-    let bytes = Bytes::from(serde_json::to_vec(&body).unwrap_or_default());
-    let mut res = Response::new(ResponseBody::full(bytes));
-    *res.status_mut() = status;
-    res.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    res
+impl fmt::Debug for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Error")
+            .field("status", &self.status())
+            .field("code", &self.inner.code())
+            .field("message", &self.inner.to_string())
+            .finish()
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.inner, f)
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// A bug (see [`Error::internal`]).
+#[derive(Debug, thiserror::Error)]
+#[error("internal error: {0}")]
+pub struct Internal(pub &'static str);
+
+impl ApiError for Internal {
+    fn status(&self) -> StatusCode {
+        StatusCode::INTERNAL_SERVER_ERROR
+    }
+    fn kind(&self) -> &'static str {
+        "server_error"
+    }
+    fn code(&self) -> &'static str {
+        "internal_error"
+    }
+    fn reason(&self) -> &'static str {
+        "internal"
+    }
+}
+
+/// Whole seconds, rounded up, at least 1 (`Retry-After`).
+pub fn secs(d: std::time::Duration) -> u64 {
+    let whole = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+    whole.max(1)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http_body_util::BodyExt;
 
-    #[tokio::test]
-    async fn renders_openai_shape() {
-        let res = Error::Route(crate::route::Error::ModelNotFound("gpt-x".into())).into_response();
-        assert_eq!(res.status(), StatusCode::NOT_FOUND);
-        let body = res.into_body().collect().await.unwrap().to_bytes();
-        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
-        assert_eq!(v["error"]["code"], "model_not_found");
-        assert_eq!(v["error"]["type"], "invalid_request_error");
-        assert!(v["error"]["message"].as_str().unwrap().contains("gpt-x"));
+    #[derive(Debug, thiserror::Error)]
+    #[error("slow down")]
+    struct Limited;
+
+    impl ApiError for Limited {
+        fn status(&self) -> StatusCode {
+            StatusCode::TOO_MANY_REQUESTS
+        }
+        fn kind(&self) -> &'static str {
+            "requests"
+        }
+        fn code(&self) -> &'static str {
+            "rate_limit_exceeded"
+        }
+        fn limit(&self) -> Option<&'static str> {
+            Some("tenant")
+        }
+        fn headers(&self) -> Vec<(HeaderName, HeaderValue)> {
+            vec![(http::header::RETRY_AFTER, HeaderValue::from(3))]
+        }
+        fn reason(&self) -> &'static str {
+            "request_rate"
+        }
+        fn never_sent(&self) -> bool {
+            true
+        }
+    }
+
+    #[test]
+    fn wraps_any_stage_error_through_the_trait() {
+        let e: Error = Limited.into();
+        assert_eq!(e.status(), 429);
+        assert_eq!(e.reason(), "request_rate");
+        assert!(e.never_sent());
+        let e = e.with_headers([(
+            HeaderName::from_static("x-ratelimit-limit-requests"),
+            HeaderValue::from(10),
+        )]);
+        let names: Vec<String> = e.all_headers().iter().map(|(k, _)| k.to_string()).collect();
+        assert_eq!(
+            names,
+            ["retry-after", LIMIT_HEADER, "x-ratelimit-limit-requests"]
+        );
+        let bug = Error::internal("x");
+        assert_eq!(bug.status(), 500);
+        assert!(!bug.never_sent());
+        assert_eq!(bug.to_string(), "internal error: x");
+    }
+
+    #[test]
+    fn retry_after_rounds_up_to_whole_seconds() {
+        use std::time::Duration;
+        assert_eq!(secs(Duration::from_millis(1)), 1);
+        assert_eq!(secs(Duration::from_millis(2500)), 3);
+        assert_eq!(secs(Duration::from_secs(4)), 4);
     }
 }

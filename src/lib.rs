@@ -1,10 +1,13 @@
 //! fairgate: a reverse proxy for OpenAI-compatible LLM APIs that keeps many tenants fair on one
 //! shared provider.
 //!
-//! The request path, one module per stage: `tenant` → `body` (→ `estimate` → `admission`) →
-//! `route` → `queue` (driving the pure `scheduler`) → `upstream` → `usage`/reconcile. `server`
-//! assembles them into one tower stack; `edge` renders errors (`error`) once; `mock` is the
-//! bundled OpenAI-compatible test upstream; `sim` drives the same scheduler on a virtual clock.
+//! The request path, one module per stage, outermost first: `render` (every outcome becomes one
+//! response) → `tenant` → `ratelimit` (headers) → `metrics` → `body` → `route` → `estimate` →
+//! `admission` → `usage` (reconcile) → `queue` (driving the pure `scheduler`) → `feedback`
+//! (upstream capacity and retries) → `upstream`. Stages share one per-request [`context`] and
+//! fail with their own [`error`] types. `server` assembles them into one tower stack;
+//! ARCHITECTURE.md says which module may import which. `mock` is the bundled
+//! OpenAI-compatible test upstream; `sim` drives the same scheduler on a virtual clock.
 // `deny`, not `forbid`: `scheduler::prefetch` allows one cache-prefetch intrinsic.
 #![deny(unsafe_code)]
 
@@ -14,18 +17,19 @@ pub mod body;
 pub mod cli;
 pub mod cluster;
 pub mod config;
+pub mod context;
 pub mod demo;
 pub mod domain;
-pub mod edge;
 pub mod error;
 pub mod estimate;
+pub mod feedback;
 pub mod health;
-pub mod logfields;
-pub mod logout;
-pub mod logtime;
+pub mod log;
 pub mod metrics;
 pub mod mock;
 pub mod queue;
+pub mod ratelimit;
+pub mod render;
 pub mod response;
 pub mod route;
 pub mod scheduler;
@@ -34,5 +38,6 @@ pub mod sim;
 pub mod tenant;
 pub mod upstream;
 pub mod usage;
+pub mod worker;
 
 pub use error::Error;

@@ -4,7 +4,7 @@
 //! Invariants: routing is first match over `[[upstreams]]` in config order, each upstream's
 //! `models` globs in order (`*` = any run, `?` = any one byte); a JSON endpoint whose model
 //! matches nothing gets 404 `model_not_found`; every other path is a 404 in OpenAI's shape.
-//! A routed request carries a [`Route`] extension.
+//! Writes the context's [`Route`].
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -13,19 +13,12 @@ use bytes::Bytes;
 use futures_util::future::{ready, Either, Ready};
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 
-use crate::body::{is_json_endpoint, Parsed};
+use crate::body::is_json_endpoint;
 use crate::error::ApiError;
 use crate::response::ResponseBody;
 use crate::upstream::Upstream;
 
-/// The chosen upstream pool, inserted into request extensions.
-#[derive(Debug, Clone)]
-pub struct Route {
-    /// The upstream.
-    pub upstream: Arc<Upstream>,
-    /// Its index in `[[upstreams]]` (and in the scheduler's pool list).
-    pub index: usize,
-}
+pub use crate::context::Route;
 
 /// Route stage errors.
 #[derive(Debug, thiserror::Error)]
@@ -57,6 +50,9 @@ impl ApiError for Error {
             Error::UnknownUrl(_) => "unknown_url",
             Error::MethodNotAllowed(_) => "method_not_allowed",
         }
+    }
+    fn reason(&self) -> &'static str {
+        "no_route"
     }
 }
 
@@ -121,10 +117,7 @@ impl Router {
             .iter()
             .enumerate()
             .find(|(_, u)| u.models.iter().any(|p| glob_match(p, model)))
-            .map(|(index, u)| Route {
-                upstream: u.clone(),
-                index,
-            })
+            .map(|(pool, _)| Route { pool })
     }
 
     fn answer(&self, method: &Method, path: &str) -> Result<Response<ResponseBody>, Error> {
@@ -187,7 +180,7 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, mut req: Request<Bytes>) -> Self::Future {
+    fn call(&mut self, req: Request<Bytes>) -> Self::Future {
         let path = req.uri().path();
         if path == "/v1/models" || path.starts_with("/v1/models/") {
             let res = self.router.answer(req.method(), path);
@@ -201,12 +194,17 @@ where
             };
             return Either::Left(ready(Err(e.into())));
         }
-        let Some(parsed) = req.extensions().get::<Parsed>() else {
-            return Either::Left(ready(Err(crate::Error::Internal("body not parsed"))));
+        let ctx = match crate::context::of(&req) {
+            Ok(ctx) => ctx,
+            Err(e) => return Either::Left(ready(Err(e))),
+        };
+        let parsed = match ctx.request() {
+            Ok(p) => p,
+            Err(e) => return Either::Left(ready(Err(e))),
         };
         match self.router.route(&parsed.model) {
             Some(route) => {
-                req.extensions_mut().insert(route);
+                ctx.set_route(route);
                 Either::Right(self.inner.call(req))
             }
             None => {
@@ -219,7 +217,25 @@ where
 
 #[cfg(test)]
 mod tests {
-    use super::glob_match;
+    use super::*;
+
+    fn upstream(name: &str, models: &str) -> Arc<Upstream> {
+        let cfg: crate::config::UpstreamConfig = toml::from_str(&format!(
+            "name = \"{name}\"\nbase_url = \"http://a/v1\"\nmodels = {models}\n"
+        ))
+        .unwrap();
+        Arc::new(Upstream::from_config(&cfg, 0, 1, |_| None).unwrap())
+    }
+
+    #[test]
+    fn router_first_match_wins() {
+        let a = upstream("a", r#"["gpt-*", "exact"]"#);
+        let b = upstream("b", r#"["*"]"#);
+        let router = Router::new(vec![a, b]);
+        assert_eq!(router.route("gpt-4o").unwrap().pool, 0);
+        assert_eq!(router.route("exact").unwrap().pool, 0);
+        assert_eq!(router.route("claude").unwrap().pool, 1);
+    }
 
     #[test]
     fn globs() {

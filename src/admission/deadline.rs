@@ -24,44 +24,30 @@ use crate::queue::WaitInputs;
 /// Request header: the request's queue-wait budget in milliseconds, relative to arrival.
 pub const DEADLINE_HEADER: &str = "x-fairgate-deadline-ms";
 
-/// A request's deadline, in its extensions.
-#[derive(Clone, Copy, Debug)]
-pub struct Deadline {
-    /// When the budget runs out.
-    pub at: Instant,
-    /// The budget as given.
-    pub budget: Duration,
-}
+pub use crate::context::Deadline;
 
-impl Deadline {
-    /// The header's budget, else `default_ms`; a malformed header is a 400.
-    pub fn from_request(
-        headers: &HeaderMap,
-        default_ms: Option<u64>,
-    ) -> Result<Option<Self>, Error> {
-        let ms = match headers.get(DEADLINE_HEADER) {
-            Some(v) => Some(
-                v.to_str()
-                    .ok()
-                    .and_then(|s| s.trim().parse::<u64>().ok())
-                    .filter(|&ms| ms > 0)
-                    .ok_or(Error::BadDeadline)?,
-            ),
-            None => default_ms,
-        };
-        Ok(ms.map(|ms| {
-            let budget = Duration::from_millis(ms.min(86_400_000));
-            Deadline {
-                at: Instant::now() + budget,
-                budget,
-            }
-        }))
-    }
-
-    /// Time left before the deadline.
-    pub fn remaining(&self) -> Duration {
-        self.at.saturating_duration_since(Instant::now())
-    }
+/// The header's budget, else `default_ms`; a malformed header is a 400.
+pub fn from_request(
+    headers: &HeaderMap,
+    default_ms: Option<u64>,
+) -> Result<Option<Deadline>, Error> {
+    let ms = match headers.get(DEADLINE_HEADER) {
+        Some(v) => Some(
+            v.to_str()
+                .ok()
+                .and_then(|s| s.trim().parse::<u64>().ok())
+                .filter(|&ms| ms > 0)
+                .ok_or(Error::BadDeadline)?,
+        ),
+        None => default_ms,
+    };
+    Ok(ms.map(|ms| {
+        let budget = Duration::from_millis(ms.min(86_400_000));
+        Deadline {
+            at: Instant::now() + budget,
+            budget,
+        }
+    }))
 }
 
 /// Predicted queue wait of a new request; see the module docs.
@@ -109,16 +95,13 @@ mod tests {
     #[test]
     fn header_overrides_default_and_garbage_is_rejected() {
         let mut h = HeaderMap::new();
-        assert!(Deadline::from_request(&h, None).unwrap().is_none());
-        let d = Deadline::from_request(&h, Some(250)).unwrap().unwrap();
+        assert!(from_request(&h, None).unwrap().is_none());
+        let d = from_request(&h, Some(250)).unwrap().unwrap();
         assert_eq!(d.budget, Duration::from_millis(250));
         h.insert(DEADLINE_HEADER, http::HeaderValue::from_static("1500"));
-        let d = Deadline::from_request(&h, Some(250)).unwrap().unwrap();
+        let d = from_request(&h, Some(250)).unwrap().unwrap();
         assert_eq!(d.budget, Duration::from_millis(1500));
         h.insert(DEADLINE_HEADER, http::HeaderValue::from_static("soon"));
-        assert!(matches!(
-            Deadline::from_request(&h, None),
-            Err(Error::BadDeadline)
-        ));
+        assert!(matches!(from_request(&h, None), Err(Error::BadDeadline)));
     }
 }

@@ -1,16 +1,13 @@
-//! Admission errors, and the `x-ratelimit-*` headers of limited tenants (added to every response
-//! of such a tenant by [`super::headers`]).
+//! Admission errors: what the gate refuses, with the limit that refused it and an honest
+//! `Retry-After`.
 
 use std::time::Duration;
 
 use http::{header, HeaderName, HeaderValue, StatusCode};
 
-use super::rate::{BucketState, Budget, RateState};
 use crate::domain::Tokens;
-use crate::error::ApiError;
-
-/// Response header saying whose limit refused a request: `tenant`, `queue` or `upstream`.
-pub const LIMIT_HEADER: &str = "x-fairgate-limit";
+use crate::error::{secs, ApiError};
+use crate::ratelimit::Budget;
 
 /// Why admission refused a request.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -69,18 +66,6 @@ pub enum Error {
         /// `queue` or `upstream`.
         limit: &'static str,
     },
-    /// The deadline passed while queued; the request was removed before dispatch.
-    #[error("the request waited its whole deadline ({} ms) in the queue and was not sent upstream", budget.as_millis())]
-    DeadlineExceeded {
-        /// The budget.
-        budget: Duration,
-    },
-}
-
-/// Whole seconds, rounded up, at least 1 (Retry-After).
-pub fn secs(d: Duration) -> u64 {
-    let whole = d.as_secs() + u64::from(d.subsec_nanos() > 0);
-    whole.max(1)
 }
 
 impl ApiError for Error {
@@ -89,7 +74,6 @@ impl ApiError for Error {
             Error::RequestRate { .. }
             | Error::TokenRate { .. }
             | Error::DeadlineInfeasible { .. } => StatusCode::TOO_MANY_REQUESTS,
-            Error::DeadlineExceeded { .. } => StatusCode::GATEWAY_TIMEOUT,
             _ => StatusCode::BAD_REQUEST,
         }
     }
@@ -97,7 +81,7 @@ impl ApiError for Error {
         match self {
             Error::RequestRate { .. } => "requests",
             Error::TokenRate { .. } => "tokens",
-            Error::DeadlineInfeasible { .. } | Error::DeadlineExceeded { .. } => "server_error",
+            Error::DeadlineInfeasible { .. } => "server_error",
             _ => "invalid_request_error",
         }
     }
@@ -109,55 +93,38 @@ impl ApiError for Error {
             Error::OutputTooLarge { .. } => "max_tokens_too_large",
             Error::BadDeadline => "invalid_deadline",
             Error::DeadlineInfeasible { .. } => "deadline_infeasible",
-            Error::DeadlineExceeded { .. } => "deadline_exceeded",
+        }
+    }
+    fn limit(&self) -> Option<&'static str> {
+        match self {
+            Error::RequestRate { .. } | Error::TokenRate { .. } => Some("tenant"),
+            Error::DeadlineInfeasible { limit, .. } => Some(limit),
+            _ => None,
         }
     }
     fn headers(&self) -> Vec<(HeaderName, HeaderValue)> {
-        let (wait, limit) = match self {
+        let wait = match self {
             Error::RequestRate { retry_after } | Error::TokenRate { retry_after, .. } => {
-                (*retry_after, "tenant")
+                *retry_after
             }
-            Error::DeadlineInfeasible {
-                predicted, limit, ..
-            } => (*predicted, *limit),
+            Error::DeadlineInfeasible { predicted, .. } => *predicted,
             _ => return Vec::new(),
         };
-        vec![
-            (header::RETRY_AFTER, HeaderValue::from(secs(wait))),
-            (
-                HeaderName::from_static(LIMIT_HEADER),
-                HeaderValue::from_static(limit),
-            ),
-        ]
+        vec![(header::RETRY_AFTER, HeaderValue::from(secs(wait)))]
     }
-}
-
-/// OpenAI's `x-ratelimit-{limit,remaining,reset}-{requests,tokens}` for the configured buckets,
-/// and the same trio for `input-tokens` and `output-tokens` when those budgets are configured.
-pub fn rate_headers(state: &RateState) -> Vec<(HeaderName, HeaderValue)> {
-    let mut h = Vec::with_capacity(12);
-    let tokens = Budget::ALL.map(|b| (b.header_name(), state.budget(b)));
-    for (kind, bucket) in std::iter::once(("requests", state.requests)).chain(tokens) {
-        let Some(BucketState {
-            limit,
-            remaining,
-            reset,
-        }) = bucket
-        else {
-            continue;
-        };
-        let name = |what: &str| {
-            HeaderName::from_bytes(format!("x-ratelimit-{what}-{kind}").as_bytes())
-                .expect("static header name")
-        };
-        h.push((name("limit"), HeaderValue::from(limit)));
-        h.push((name("remaining"), HeaderValue::from(remaining)));
-        let reset = if reset < Duration::from_secs(1) {
-            format!("{}ms", reset.as_millis())
-        } else {
-            format!("{:.3}s", reset.as_secs_f64())
-        };
-        h.push((name("reset"), HeaderValue::from_str(&reset).expect("ascii")));
+    fn reason(&self) -> &'static str {
+        match self {
+            Error::RequestRate { .. } => "request_rate",
+            Error::TokenRate { budget, .. } => match budget {
+                Budget::Tokens => "token_rate",
+                Budget::Input => "input_token_rate",
+                Budget::Output => "output_token_rate",
+            },
+            Error::TokenBurst { .. } => "token_burst",
+            Error::InputTooLarge { .. } => "input_too_large",
+            Error::OutputTooLarge { .. } => "output_too_large",
+            Error::BadDeadline => "bad_request",
+            Error::DeadlineInfeasible { .. } => "deadline_infeasible",
+        }
     }
-    h
 }

@@ -1,93 +1,32 @@
-//! Admission: what may enter the fair queue at all, and how fast a pool may dispatch.
+//! Admission: the gate in front of the fair queue. Size caps, deadline feasibility and the
+//! tenant's rate limits, answering 400/429 with an honest `Retry-After` before anything is
+//! queued ([`Layer`], between `estimate` and `usage`).
 //!
-//! Two stages of the tower stack live here:
-//! - [`Layer`] (between `route` and `queue`): size caps, deadline feasibility and per-tenant
-//!   rate limits, answering 400/429 with an honest `Retry-After` before anything is queued.
-//! - [`retry::Layer`] (between `queue` and `upstream`): feeds every upstream answer to the pool's
-//!   learned capacity ([`capacity::PoolCapacity`] around the pure [`aimd::Aimd`]) and retries
-//!   429/502/503 answered before any byte reached the client, holding the permit.
-//!
-//! Rate-limit accounting (governor buckets for requests, all tokens, input and output tokens,
-//! each token bucket with a signed ledger that gives back over-estimates and charges
-//! under-estimates) is behind [`rate::RateStore`]; see `rate` and `ledger` for how a bucket that
-//! cannot refund is still charged exactly.
-//!
-//! Every response of a tenant with rate limits carries its `x-ratelimit-*` headers, added in one
-//! place: the [`headers`] stage just below `tenant`.
+//! [`Admission`] is the state the gate shares: each tenant's limits, the rate store
+//! (`ratelimit`, which it charges) and each pool's learned capacity (`feedback`, whose pause
+//! makes a deadline infeasible). The upstream-feedback stage (`feedback::retry`) shares the same
+//! capacity controllers and store; [`Admission::retry_layer`] builds it.
 //!
 //! `x-fairgate-limit` on a refusal says whose limit it was: `tenant` (its buckets), `queue`
 //! (the pool's backlog vs the deadline) or `upstream` (the provider's answer or pause).
 
-pub mod aimd;
-mod bucket;
-pub mod capacity;
 pub mod deadline;
 mod error;
-pub mod headers;
 mod layer;
-pub mod ledger;
-mod memory;
-pub mod rate;
-pub mod retry;
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use bytes::Bytes;
-
 pub use deadline::{Deadline, DEADLINE_HEADER};
-pub use error::{rate_headers, Error, LIMIT_HEADER};
-pub use layer::{ActualTokens, Layer, Service};
+pub use error::Error;
+pub use layer::{Layer, Service};
 
-use crate::body::Parsed;
 use crate::config::{Config, TenantLimits};
-use crate::domain::{TenantId, Tokens};
+use crate::domain::TenantId;
+use crate::feedback::capacity::PoolCapacity;
+use crate::feedback::retry::{self, RetryPolicy, RetryStats};
 use crate::queue::FairQueue;
-use capacity::PoolCapacity;
-use rate::{Charge, MemoryStore, RateStore};
-use retry::{RetryPolicy, RetryStats};
-
-/// A request's admission-time cost estimate, in its extensions.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Estimate {
-    /// Estimated input tokens.
-    pub input: u64,
-    /// The output allowance: the request's output cap, or the default.
-    pub output: u64,
-    /// Input plus output: what the `tokens_per_minute` bucket is charged.
-    pub total: Tokens,
-}
-
-impl Estimate {
-    /// What the tenant's token buckets are charged.
-    pub fn charge(&self) -> Charge {
-        Charge {
-            input: self.input,
-            output: self.output,
-        }
-    }
-}
-
-/// The one admission-time estimate, in raw tokens (what `tokens_per_minute` counts): the
-/// estimation stage's counted input when it ran (else ~4 body bytes per token), plus the
-/// request's output cap or `default_output` (`[estimate] default_output_tokens`).
-pub fn estimate(
-    body: &Bytes,
-    parsed: Option<&Parsed>,
-    counted: Option<&crate::estimate::Estimate>,
-    default_output: u64,
-) -> Estimate {
-    let input = counted.map_or((body.len() as u64).div_ceil(4), |c| c.input.tokens);
-    let output = counted
-        .and_then(|c| c.max_output_tokens)
-        .or_else(|| parsed.and_then(|p| p.max_tokens))
-        .unwrap_or(default_output);
-    Estimate {
-        input,
-        output,
-        total: Tokens(input.saturating_add(output)),
-    }
-}
+use crate::ratelimit::{MemoryStore, RateStore};
 
 /// Every tenant's effective limits.
 fn limits_of(config: &Config) -> HashMap<TenantId, TenantLimits> {
@@ -109,8 +48,6 @@ pub struct Admission {
     policy: RetryPolicy,
     limits: HashMap<TenantId, TenantLimits>,
     default_limits: TenantLimits,
-    /// Output tokens assumed when a request names no cap (`[estimate] default_output_tokens`).
-    pub default_output: u64,
     pools: Arc<[Arc<FairQueue>]>,
 }
 
@@ -192,19 +129,18 @@ impl Admission {
                 max_queue_wait_ms: a.max_queue_wait_ms,
                 ..TenantLimits::default()
             },
-            default_output: config.estimate.default_output_tokens,
             pools,
         })
     }
 
     /// The retry/feedback stage sharing this state.
     pub fn retry_layer(&self) -> retry::Layer {
-        retry::Layer(Arc::new(retry::Shared {
+        retry::Layer::new(retry::Shared {
             capacity: self.capacity.clone(),
             store: self.store.clone(),
             policy: self.policy,
             stats: self.retries.clone(),
-        }))
+        })
     }
 
     fn limits(&self, tenant: &TenantId) -> &TenantLimits {

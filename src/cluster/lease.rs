@@ -56,7 +56,7 @@ use tokio::sync::{watch, Notify};
 
 use super::link::Link;
 use super::scripts::LEASE_SYNC;
-use crate::admission::capacity::PoolCapacity;
+use crate::feedback::capacity::PoolCapacity;
 use crate::queue::FairQueue;
 
 /// Round cadence while this or another replica waits for slots.

@@ -25,11 +25,9 @@ use futures_util::future::BoxFuture;
 
 use super::link::Link;
 use super::scripts::RATE_ADMIT;
-use crate::admission::rate::{
-    BucketState, Budget, Charge, MemoryStore, RateState, RateStore, Refusal,
-};
 use crate::config::{Config, TenantLimits};
 use crate::domain::TenantId;
+use crate::ratelimit::{BucketState, Budget, Charge, MemoryStore, RateState, RateStore, Refusal};
 
 /// One GCRA bucket: emission interval T (µs per cell) and size B (cells).
 #[derive(Clone, Copy, Debug)]

@@ -191,16 +191,7 @@ pub struct TlsConfig {
     pub key: PathBuf,
 }
 
-/// Scheduling policy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
-#[serde(rename_all = "lowercase")]
-pub enum Policy {
-    /// Weighted deficit round robin in tokens.
-    #[default]
-    Drr,
-    /// First come first served (for comparison).
-    Fifo,
-}
+pub use crate::domain::Policy;
 
 /// `[scheduler]`.
 #[derive(Debug, Clone, Deserialize)]

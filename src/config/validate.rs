@@ -78,7 +78,7 @@ fn validate_estimate(c: &Config) -> Result<(), ConfigError> {
             return Err(invalid(k, format!("must be a number >= 0, got {w}")));
         }
     }
-    if crate::estimate::Encoding::parse(&e.default_encoding).is_none() {
+    if crate::domain::Encoding::parse(&e.default_encoding).is_none() {
         return Err(invalid(
             "estimate.default_encoding",
             format!("unknown encoding {:?}", e.default_encoding),
@@ -87,7 +87,7 @@ fn validate_estimate(c: &Config) -> Result<(), ConfigError> {
     for (name, m) in &c.models {
         positive_weight(format!("models.{name:?}.weight"), m.weight)?;
         if let Some(enc) = &m.encoding {
-            if crate::estimate::Encoding::parse(enc).is_none() {
+            if crate::domain::Encoding::parse(enc).is_none() {
                 return Err(invalid(
                     format!("models.{name:?}.encoding"),
                     format!("unknown encoding {enc:?}"),
@@ -248,7 +248,7 @@ pub fn validate(c: &Config) -> Result<(), ConfigError> {
             if k.is_empty() {
                 return Err(invalid(key(field), "keys must not be empty"));
             }
-            if !digests.insert(crate::tenant::digest(k.as_bytes())) {
+            if !digests.insert(crate::domain::digest(k.as_bytes())) {
                 // Never echo the key itself.
                 return Err(invalid(
                     key(field),
@@ -257,7 +257,7 @@ pub fn validate(c: &Config) -> Result<(), ConfigError> {
             }
         }
         for (j, h) in t.api_key_sha256.iter().enumerate() {
-            let d = crate::tenant::parse_digest(h).ok_or_else(|| {
+            let d = crate::domain::parse_digest(h).ok_or_else(|| {
                 invalid(
                     format!("tenants[{i}].api_key_sha256[{j}]"),
                     "must be 64 hex characters",

@@ -1,10 +1,11 @@
 //! The estimate stage in the tower stack: counts input tokens (inline for small bodies, on the
 //! bounded blocking pool for large ones), rewrites a stream request to ask for usage when the
-//! client did not, and inserts an [`Estimate`] for the fair queue and the `usage` stage.
+//! client did not, and writes the context's [`Estimate`] for admission, the fair queue and the
+//! `usage` stage.
 //!
-//! Invariants: runs after routing (an unroutable model costs no counting) and before the queue;
-//! requests without a parsed JSON body or identity pass through untouched; the body is rewritten
-//! at most once, and only to set `stream_options.include_usage = true`.
+//! Invariants: runs after routing (an unroutable model costs no counting) and before admission;
+//! a request without the context's identity or parsed body is a misordered stack (500); the
+//! body is rewritten at most once, and only to set `stream_options.include_usage = true`.
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -16,9 +17,9 @@ use serde_json::Value;
 use tokio::sync::Semaphore;
 
 use super::{Endpoint, Error, Estimate, Estimator, OutputKey};
-use crate::body::Parsed;
+use crate::context::Parsed;
+use crate::domain::Charge;
 use crate::response::ResponseBody;
-use crate::tenant::Identity;
 
 /// Bodies up to this size are counted on the runtime worker (well under a millisecond).
 pub const INLINE_MAX_BYTES: usize = 64 * 1024;
@@ -80,58 +81,59 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let layer = self.layer.clone();
         Box::pin(async move {
-            let endpoint = Endpoint::of_path(req.uri().path());
-            let tenant = req
-                .extensions()
-                .get::<Identity>()
-                .map(|i| i.tenant.id.clone());
-            let (Some(endpoint), Some(tenant)) = (endpoint, tenant) else {
-                // Not a counted endpoint: leave the request (and its `Parsed`) as it is.
-                return inner.call(req).await;
-            };
-            let Some(parsed) = req.extensions_mut().remove::<Parsed>() else {
-                return inner.call(req).await;
-            };
+            let ctx = crate::context::of(&req)?;
+            let endpoint = Endpoint::of_path(req.uri().path())
+                .ok_or_else(|| crate::Error::internal("estimate reached by an unrouted path"))?;
+            let tenant = ctx.identity()?.tenant.id.clone();
+            let parsed = ctx.request()?;
             let est = &layer.estimator;
-            let (input, parsed) = if req.body().len() <= INLINE_MAX_BYTES {
-                (est.count(endpoint, &parsed.model, &parsed.value), parsed)
+            let input = if req.body().len() <= INLINE_MAX_BYTES {
+                est.count(endpoint, &parsed.model, &parsed.value)
             } else {
-                let _turn = layer
+                let turn = layer
                     .blocking
                     .clone()
                     .acquire_owned()
                     .await
                     .map_err(|_| Error::Counting)?;
-                let est = est.clone();
+                let (est, ctx) = (est.clone(), ctx.clone());
+                // The turn moves into the task: a client that goes away while its body is
+                // counted does not free the turn before the counting ends.
                 tokio::task::spawn_blocking(move || {
-                    (est.count(endpoint, &parsed.model, &parsed.value), parsed)
+                    let _turn = turn;
+                    let parsed = ctx.request()?;
+                    Ok::<_, crate::Error>(est.count(endpoint, &parsed.model, &parsed.value))
                 })
                 .await
-                .map_err(|_| Error::Counting)?
+                .map_err(|_| Error::Counting)??
             };
             let input = input?;
-            let strip_usage = asks_usage_for_client(endpoint, &parsed);
+            let strip_usage = asks_usage_for_client(endpoint, parsed);
             if strip_usage {
                 if let Some(body) = with_include_usage(&parsed.value) {
                     *req.body_mut() = body;
                 }
             }
-            let estimate = Estimate {
+            let max_output_tokens = if endpoint == Endpoint::Embeddings {
+                Some(0)
+            } else {
+                parsed.max_tokens
+            };
+            let output = max_output_tokens.unwrap_or(est.config().default_output_tokens);
+            ctx.set_estimate(Estimate {
                 endpoint,
                 input,
-                max_output_tokens: if endpoint == Endpoint::Embeddings {
-                    Some(0)
-                } else {
-                    parsed.max_tokens
-                },
+                max_output_tokens,
                 key: OutputKey::new(tenant, &parsed.model),
                 model_weight: est.model_weight(&parsed.model),
                 encoding: est.encoding(&parsed.model),
                 stream: parsed.stream,
                 strip_usage,
-            };
-            req.extensions_mut().insert(estimate);
-            req.extensions_mut().insert(parsed);
+                charge: Charge {
+                    input: input.tokens,
+                    output,
+                },
+            });
             inner.call(req).await
         })
     }

@@ -6,40 +6,14 @@
 //! recorded, so reading an estimate (done at every dispatch, under the fair queue's lock) is one
 //! short lock and a map lookup; this lock is a leaf: nothing else is locked while it is held.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
-use crate::domain::TenantId;
+pub use crate::domain::OutputKey;
 
 /// Samples kept per (tenant, model).
 pub const WINDOW: usize = 64;
 /// Distinct (tenant, model) keys kept.
 pub const MAX_KEYS: usize = 65_536;
-/// Longest model name kept in a key (longer names are cut, so clients cannot grow keys).
-const MAX_MODEL_LEN: usize = 128;
-
-/// Whose history an output estimate comes from.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct OutputKey {
-    /// The tenant.
-    pub tenant: TenantId,
-    /// The requested model (cut to 128 bytes).
-    pub model: Arc<str>,
-}
-
-impl OutputKey {
-    /// The key of `tenant` asking `model`.
-    pub fn new(tenant: TenantId, model: &str) -> Self {
-        let mut end = model.len().min(MAX_MODEL_LEN);
-        while !model.is_char_boundary(end) {
-            end -= 1;
-        }
-        Self {
-            tenant,
-            model: model[..end].into(),
-        }
-    }
-}
-
 #[derive(Debug, Default)]
 struct Ring {
     samples: Vec<u64>,
@@ -99,6 +73,7 @@ impl History {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::TenantId;
 
     #[test]
     fn p90_of_the_last_window() {

@@ -27,9 +27,9 @@ use http::StatusCode;
 use serde_json::Value;
 
 use crate::config::{EstimateConfig, ModelConfig};
+pub use crate::context::Estimate;
 use crate::domain::{TenantId, Tokens, Weight};
 use crate::error::ApiError;
-use crate::queue::CostInputs;
 
 pub use layer::{Layer, Service, BLOCKING_PERMITS, INLINE_MAX_BYTES};
 pub use learn::{History, OutputKey, WINDOW};
@@ -73,27 +73,25 @@ impl ApiError for Error {
             _ => "invalid_content",
         }
     }
+    fn reason(&self) -> &'static str {
+        "bad_request"
+    }
 }
 
-/// What this stage found, inserted into request extensions for the queue and `usage`.
-#[derive(Clone, Debug)]
-pub struct Estimate {
-    /// The endpoint.
-    pub endpoint: Endpoint,
-    /// Counted input tokens.
-    pub input: Input,
-    /// The request's output cap, if any (0 for embeddings).
+/// What the cost of a queued request is computed from, at dispatch time
+/// ([`Estimator::cost`]: the output estimate is the one of that moment).
+#[derive(Clone, Debug, Default)]
+pub struct CostInputs {
+    /// Input tokens (counted).
+    pub input_tokens: u64,
+    /// The request's output cap (`max_tokens` and friends), if any.
     pub max_output_tokens: Option<u64>,
-    /// Whose output history applies.
-    pub key: OutputKey,
+    /// Whose learned output estimate applies (none: the configured default).
+    pub output_key: Option<OutputKey>,
+    /// Tool calls the request allows (each costs the configured tool budget).
+    pub tool_calls: u64,
     /// The model's cost weight.
     pub model_weight: Weight,
-    /// The model's encoding (also used to count streamed output when usage never comes).
-    pub encoding: Encoding,
-    /// The response is SSE.
-    pub stream: bool,
-    /// Usage was asked for on the client's behalf: remove the usage-only chunk.
-    pub strip_usage: bool,
 }
 
 impl Estimate {

@@ -26,42 +26,7 @@ pub const MEDIA_TOKENS: u64 = 200;
 /// Extra tokens per tool definition (its framing in the prompt).
 pub const TOOL_OVERHEAD: u64 = 8;
 
-/// Which endpoint a body is for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Endpoint {
-    /// `/v1/chat/completions`.
-    Chat,
-    /// `/v1/completions`.
-    Completions,
-    /// `/v1/embeddings` (no output).
-    Embeddings,
-    /// `/v1/responses`.
-    Responses,
-}
-
-impl Endpoint {
-    /// The endpoint of a request path, if it is one we count.
-    pub fn of_path(path: &str) -> Option<Self> {
-        Some(match path {
-            "/v1/chat/completions" => Endpoint::Chat,
-            "/v1/completions" => Endpoint::Completions,
-            "/v1/embeddings" => Endpoint::Embeddings,
-            "/v1/responses" => Endpoint::Responses,
-            _ => return None,
-        })
-    }
-}
-
-/// What counting a body found.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Input {
-    /// Input tokens.
-    pub tokens: u64,
-    /// Tool calls the request allows (for the tool budget).
-    pub tool_calls: u64,
-    /// Whether part of the count was extrapolated (hostile or huge text).
-    pub extrapolated: bool,
-}
+pub use crate::context::{Endpoint, Input};
 
 /// Counts a request body's input tokens.
 pub struct Counter<'a> {

@@ -17,10 +17,9 @@
 //!   every non-empty string of at least [`CACHE_MIN_BYTES`]: even a 6-byte role name costs
 //!   ~2 µs in tiktoken (its pre-split regex runs per call), a hash and lookup ~0.1 µs.
 
-use std::hash::{BuildHasher, Hash};
+use std::hash::BuildHasher;
 use std::sync::Mutex;
 
-use tiktoken_rs::tokenizer::Tokenizer;
 use tiktoken_rs::CoreBPE;
 
 /// Longest piece handed to BPE at once (see the module docs).
@@ -29,35 +28,9 @@ pub const CHUNK_BYTES: usize = 2048;
 /// Strings shorter than this are counted, not cached.
 pub const CACHE_MIN_BYTES: usize = 1;
 
-/// A tiktoken encoding, by its tiktoken name.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Encoding(Tokenizer);
+pub use crate::domain::Encoding;
 
 impl Encoding {
-    /// `o200k_base`, the default for unknown models.
-    pub const O200K: Encoding = Encoding(Tokenizer::O200kBase);
-    /// `cl100k_base`.
-    pub const CL100K: Encoding = Encoding(Tokenizer::Cl100kBase);
-
-    /// Parses a tiktoken encoding name (`o200k_base`, `cl100k_base`, …).
-    pub fn parse(name: &str) -> Option<Self> {
-        Some(Encoding(match name {
-            "o200k_base" => Tokenizer::O200kBase,
-            "o200k_harmony" => Tokenizer::O200kHarmony,
-            "cl100k_base" => Tokenizer::Cl100kBase,
-            "p50k_base" => Tokenizer::P50kBase,
-            "p50k_edit" => Tokenizer::P50kEdit,
-            "r50k_base" => Tokenizer::R50kBase,
-            "gpt2" => Tokenizer::Gpt2,
-            _ => return None,
-        }))
-    }
-
-    /// The encoding tiktoken-rs's own model map gives `model`, if it knows the model.
-    pub fn for_model(model: &str) -> Option<Self> {
-        tiktoken_rs::tokenizer::get_tokenizer(model).map(Encoding)
-    }
-
     /// The shared BPE (loaded on first use).
     pub fn bpe(self) -> &'static CoreBPE {
         tiktoken_rs::bpe_for_tokenizer(self.0).expect("bundled encodings always load")

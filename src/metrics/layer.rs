@@ -1,14 +1,17 @@
-//! The request-metrics stage (just below `tenant`): counts every answer of a known tenant by
-//! status (and refusals by reason), times it to the first body byte and to the end of the body,
-//! and writes one structured log line per request when its body is done.
+//! The request-metrics stage (just below `tenant` and its rate headers): counts every outcome of
+//! a known tenant by status (and refusals by reason), times it to the first body byte and to
+//! the end of the body, and writes one structured log line per request when its body is done.
+//!
+//! Everything it records is read from the request's context (model, estimate, dispatch, usage)
+//! and from the outcome: a response, or a stage's [`Error`] (its status, `reason()` and
+//! `limit()` — no stage's variants are matched here; errors pass up unrendered to `render`).
+//! The dispatch itself (served share, queue wait, admitted cost) is recorded when the grant is
+//! made: [`Metrics`] is the fair queue's [`crate::queue::Observer`].
 //!
 //! Invariants: the log line carries the tenant id, model, token counts, timings, status and the
-//! limit that refused the request — never a key, a header value, a prompt or a completion. An
-//! error of a stage below is rendered here (by [`crate::Error::into_response`], the one place
-//! errors become HTTP) so its status and `x-fairgate-limit` are counted; the edge passes the
-//! response through.
+//! limit that refused the request — never a key, a header value, a prompt or a completion.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -19,13 +22,9 @@ use http_body::{Body, Frame, SizeHint};
 use tokio::time::Instant;
 
 use super::{Metrics, Outcome, TenantMetrics};
-use crate::admission::rate::Budget;
-use crate::admission::{ActualTokens, Error as AdmissionError, LIMIT_HEADER};
-use crate::domain::{Class, TenantId, Tokens};
-use crate::error::Error;
-use crate::queue::QueueError;
+use crate::context::Ctx;
+use crate::error::{Error, LIMIT_HEADER};
 use crate::response::{BoxError, ResponseBody};
-use crate::tenant::Identity;
 
 /// Tower layer of the request-metrics stage.
 #[derive(Clone)]
@@ -51,98 +50,47 @@ pub struct Service<S> {
 /// A dispatched request that waited at least this long in the queue counts as deferred.
 const DEFERRED: Duration = Duration::from_millis(1);
 
-/// What the stages below learn about a request, for its metrics and log line; in the request's
-/// extensions as `Arc<RequestLog>`.
-pub struct RequestLog {
-    metrics: Arc<Metrics>,
+/// One request's metrics record: what it reads from the context, recorded once.
+struct Record {
     tenant: Arc<TenantMetrics>,
-    id: TenantId,
-    fields: Mutex<Fields>,
+    ctx: Ctx,
+    start: Instant,
 }
 
-#[derive(Default)]
-struct Fields {
-    model: Option<String>,
-    estimated: Option<u64>,
-    actual: Option<ActualTokens>,
-    queued: Option<Duration>,
-    dispatched_at: Option<Instant>,
-}
-
-/// A dispatched request, as the queue stage reports it.
-pub struct Dispatch<'a> {
-    /// The pool's index.
-    pub pool: usize,
-    /// The request's class.
-    pub class: Class,
-    /// Time queued.
-    pub waited: Duration,
-    /// Cost charged at dispatch (share ratio, Jain's index).
-    pub charged: Tokens,
-    /// Requested model.
-    pub model: Option<&'a str>,
-    /// Admission's estimate in raw tokens.
-    pub estimated: Option<u64>,
-    /// Where the usage stage records the actual tokens.
-    pub actual: Option<ActualTokens>,
-}
-
-impl RequestLog {
-    /// Records admission's estimate (raw tokens), before admission decides.
-    pub fn estimated(&self, tokens: Tokens) {
-        self.lock().estimated = Some(tokens.0);
+impl Record {
+    /// Admission's charge of the request in raw tokens, once estimated.
+    fn estimated(&self) -> Option<u64> {
+        self.ctx.estimate_if_counted().map(|e| e.charge.total().0)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Fields> {
-        self.fields.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Records the dispatch of the request (called once by the queue stage).
-    pub fn dispatched(&self, d: Dispatch<'_>) {
-        self.tenant.queue_wait(d.class, d.waited);
-        self.metrics.served(d.pool, &self.id, d.charged.0);
-        let mut f = self.lock();
-        f.estimated = d.estimated.or(f.estimated);
-        if let Some(e) = f.estimated {
-            self.tenant.cost(Outcome::Admitted, e);
-            if d.waited >= DEFERRED {
-                self.tenant.cost(Outcome::Deferred, e);
+    /// Counts the outcome.
+    fn outcome(&mut self, status: StatusCode, refused: Option<&'static str>) {
+        if let Some(r) = refused {
+            self.tenant.rejected(r);
+            if let Some(e) = self.estimated() {
+                self.tenant.cost(Outcome::Rejected, e);
             }
         }
-        f.model = d.model.map(str::to_owned);
-        f.actual = d.actual;
-        f.queued = Some(d.waited);
-        f.dispatched_at = Some(Instant::now());
+        self.tenant.request(status.as_u16());
     }
 }
 
-/// Why a request was refused, as a `reason` label.
-pub fn reason(e: &Error) -> &'static str {
-    match e {
-        Error::Tenant(_) => "auth",
-        Error::Body(_) | Error::Estimate(_) => "bad_request",
-        Error::Route(_) => "no_route",
-        Error::Admission(a) => match a {
-            AdmissionError::RequestRate { .. } => "request_rate",
-            AdmissionError::TokenRate { budget, .. } => match budget {
-                Budget::Tokens => "token_rate",
-                Budget::Input => "input_token_rate",
-                Budget::Output => "output_token_rate",
-            },
-            AdmissionError::TokenBurst { .. } => "token_burst",
-            AdmissionError::InputTooLarge { .. } => "input_too_large",
-            AdmissionError::OutputTooLarge { .. } => "output_too_large",
-            AdmissionError::BadDeadline => "bad_request",
-            AdmissionError::DeadlineInfeasible { .. } => "deadline_infeasible",
-            AdmissionError::DeadlineExceeded { .. } => "deadline_exceeded",
-        },
-        Error::Queue(q) => match q {
-            QueueError::TenantFull { .. } => "tenant_queue_full",
-            QueueError::PoolFull { .. } => "pool_queue_full",
-            QueueError::UnknownTenant => "unknown_tenant",
-        },
-        Error::Upstream(_) => "upstream_error",
-        Error::Internal(_) => "internal",
+impl crate::queue::Observer for Metrics {
+    fn dispatched(&self, ctx: &crate::context::Context, d: &crate::context::Dispatch) {
+        let Ok(id) = ctx.identity() else {
+            return;
+        };
+        let Some(tenant) = self.tenant(&id.tenant.id) else {
+            return;
+        };
+        tenant.queue_wait(id.class, d.waited);
+        self.served(d.pool, &id.tenant.id, d.charged.0);
+        if let Some(e) = ctx.estimate_if_counted().map(|e| e.charge.total().0) {
+            tenant.cost(Outcome::Admitted, e);
+            if d.waited >= DEFERRED {
+                tenant.cost(Outcome::Deferred, e);
+            }
+        }
     }
 }
 
@@ -167,56 +115,65 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, mut req: Request<B>) -> Self::Future {
-        let Some(id) = req.extensions().get::<Identity>() else {
-            return Either::Left(self.inner.call(req));
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let failed = |e: Error| Either::Right(Box::pin(std::future::ready(Err(e))) as BoxFuture<_>);
+        let ctx = match crate::context::of(&req) {
+            Ok(ctx) => ctx,
+            Err(e) => return failed(e),
         };
+        let id = match ctx.identity() {
+            Ok(id) => id,
+            Err(e) => return failed(e),
+        };
+        // A tenant added by a reload that the metrics registry of this generation does not
+        // know: served, not counted (the next generation counts it).
         let Some(tenant) = self.metrics.tenant(&id.tenant.id).cloned() else {
             return Either::Left(self.inner.call(req));
         };
-        let log = Arc::new(RequestLog {
-            metrics: self.metrics.clone(),
+        let mut record = Record {
             tenant,
-            id: id.tenant.id.clone(),
-            fields: Mutex::default(),
-        });
-        req.extensions_mut().insert(log.clone());
-        let start = Instant::now();
+            ctx,
+            start: Instant::now(),
+        };
         let fut = self.inner.call(req);
         Either::Right(Box::pin(async move {
-            let mut refused = None;
-            let res = match fut.await {
-                Ok(res) => res,
+            let (res, refused, limit) = match fut.await {
+                Ok(res) => {
+                    let refused =
+                        (res.status() == StatusCode::TOO_MANY_REQUESTS).then_some("upstream_429");
+                    let limit = limit_of(&res);
+                    (Ok(res), refused, limit)
+                }
                 Err(e) => {
-                    refused = Some(reason(&e));
-                    e.into_response()
+                    let (refused, limit) = (Some(e.reason()), e.limit());
+                    (Err(e), refused, limit)
                 }
             };
-            let status = res.status();
-            let limit = limit_of(&res);
-            if status == StatusCode::TOO_MANY_REQUESTS && refused.is_none() {
-                refused = Some("upstream_429");
-            }
-            if let Some(r) = refused {
-                log.tenant.rejected(r);
-                if let Some(e) = log.lock().estimated {
-                    log.tenant.cost(Outcome::Rejected, e);
+            let status = match &res {
+                Ok(r) => r.status(),
+                Err(e) => e.status(),
+            };
+            record.outcome(status, refused);
+            let done = Done {
+                record,
+                first_byte: None,
+                status,
+                limit,
+                refused,
+            };
+            match res {
+                // The log line is written when the body is done.
+                Ok(res) => {
+                    let (head, body) = res.into_parts();
+                    let body = Timed { inner: body, done };
+                    Ok(Response::from_parts(head, ResponseBody::boxed(body)))
+                }
+                // A refusal has no body of its own yet: its line is written now.
+                Err(e) => {
+                    drop(done);
+                    Err(e)
                 }
             }
-            log.tenant.request(status.as_u16());
-            let (head, body) = res.into_parts();
-            let body = Timed {
-                inner: body,
-                done: Done {
-                    log,
-                    start,
-                    first_byte: None,
-                    status,
-                    limit,
-                    refused,
-                },
-            };
-            Ok(Response::from_parts(head, ResponseBody::boxed(body)))
         }))
     }
 }
@@ -230,10 +187,9 @@ pin_project_lite::pin_project! {
     }
 }
 
-/// Records the duration and writes the log line when the body is dropped.
+/// Records the duration and writes the log line when dropped.
 struct Done {
-    log: Arc<RequestLog>,
-    start: Instant,
+    record: Record,
     first_byte: Option<Duration>,
     status: StatusCode,
     limit: Option<&'static str>,
@@ -242,24 +198,28 @@ struct Done {
 
 impl Drop for Done {
     fn drop(&mut self) {
-        let total = self.start.elapsed();
-        let t = &self.log.tenant;
+        let r = &self.record;
+        let total = r.start.elapsed();
+        let t = &r.tenant;
         t.timings(total, self.first_byte);
-        let f = self.log.fields.lock().unwrap_or_else(|p| p.into_inner());
-        let actual = f.actual.as_ref().and_then(ActualTokens::get).map(|a| a.0);
-        if let (Some(model), Some(estimated)) = (&f.model, f.estimated) {
+        let ctx = &r.ctx;
+        let dispatch = ctx.dispatch();
+        let model = ctx.request_if_parsed().map(|p| p.model.as_str());
+        let estimated = r.estimated();
+        let actual = ctx.usage().map(|u| u.tokens.total().0);
+        if let (Some(model), Some(estimated), Some(_)) = (model, estimated, dispatch) {
             t.tokens(model, estimated, actual);
         }
-        let upstream_ms = f.dispatched_at.map(|d| d.elapsed().as_millis() as u64);
+        let tenant = ctx.identity_if_known().map(|i| i.tenant.id.as_str());
         tracing::info!(
             target: "fairgate::request",
-            tenant = self.log.id.as_str(),
-            model = f.model.as_deref(),
+            tenant,
+            model,
             status = self.status.as_u16(),
-            estimated_tokens = f.estimated,
+            estimated_tokens = estimated,
             actual_tokens = actual,
-            queue_ms = f.queued.map(|q| q.as_millis() as u64),
-            upstream_ms,
+            queue_ms = dispatch.map(|d| d.waited.as_millis() as u64),
+            upstream_ms = dispatch.map(|d| d.at.elapsed().as_millis() as u64),
             total_ms = total.as_millis() as u64,
             limit = self.limit,
             refused = self.refused,
@@ -281,7 +241,7 @@ impl Body for Timed {
         if this.done.first_byte.is_none() {
             if let Poll::Ready(Some(Ok(f))) = &polled {
                 if f.is_data() {
-                    this.done.first_byte = Some(this.done.start.elapsed());
+                    this.done.first_byte = Some(this.done.record.start.elapsed());
                 }
             }
         }

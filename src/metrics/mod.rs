@@ -27,7 +27,7 @@ use metrics_exporter_prometheus::{
     Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
 };
 
-pub use layer::{reason, Dispatch, Layer, RequestLog, Service};
+pub use layer::{Layer, Service};
 pub use scrape::{Scrape, ScrapeService};
 pub use tenant::{Outcome, TenantMetrics};
 

@@ -8,24 +8,8 @@ use tokio::time::Instant;
 
 use super::permit::Permit;
 use crate::domain::{TenantId, Tokens, Weight};
-use crate::estimate::{Estimator, OutputKey};
+use crate::estimate::{CostInputs, Estimator};
 use crate::scheduler::{self, Class, QueueFull, Scheduler, Slot, Ticket};
-
-/// What the cost of a queued request is computed from, at dispatch time
-/// ([`Estimator::cost`]: the output estimate is the one of that moment).
-#[derive(Clone, Debug, Default)]
-pub struct CostInputs {
-    /// Input tokens (counted, or estimated from the body size).
-    pub input_tokens: u64,
-    /// The request's output cap (`max_tokens` and friends), if any.
-    pub max_output_tokens: Option<u64>,
-    /// Whose learned output estimate applies (none: the configured default).
-    pub output_key: Option<OutputKey>,
-    /// Tool calls the request allows (each costs the configured tool budget).
-    pub tool_calls: u64,
-    /// The model's cost weight.
-    pub model_weight: Weight,
-}
 
 /// Pool-level settings of a fair queue.
 #[derive(Clone, Debug)]
@@ -57,6 +41,12 @@ pub enum QueueError {
     /// The tenant is not configured on this pool (config changed underneath).
     #[error("tenant is not configured")]
     UnknownTenant,
+    /// The request's deadline passed while queued; it was removed before dispatch.
+    #[error("the request waited its whole deadline ({} ms) in the queue and was not sent upstream", budget.as_millis())]
+    DeadlineExceeded {
+        /// The budget.
+        budget: Duration,
+    },
 }
 
 pub(super) struct Waiter {

@@ -1,49 +1,51 @@
-//! The fair-queue stage of the tower stack: waits for a permit of the routed pool, records the
-//! time queued (`x-fairgate-queue-ms`), and ties the permit to the response body.
+//! The fair-queue stage of the tower stack: waits for a permit of the routed pool, writes the
+//! grant to the context's `dispatch` (the time queued reaches `x-fairgate-queue-ms` from there),
+//! and ties the permit to the response body.
 //!
 //! Invariants: the permit is acquired after routing (the queue is per pool) and before the
-//! upstream call; it is released when the response body ends or is dropped, or when the request
-//! fails or is cancelled before a response exists. A 2xx response to an estimated request hands
-//! the permit to the `usage` observer, which sets its actual cost before releasing it. A client that disconnects while queued drops
-//! this future, which removes the request without charge.
+//! upstream call, in the `call` future (its cost and pool depend on the request, which
+//! `poll_ready` cannot see); it is released when the response body ends or is dropped, or when
+//! the request fails or is cancelled before a response exists. On release the tenant's credit
+//! is reconciled with the context's `usage` (written by the `usage` stage, whose body wraps
+//! this one and ends first) plus one dispatch cost per retried attempt (the context's
+//! `retries`). A client that disconnects while queued drops this future, which removes the
+//! request without charge; a deadline that passes while queued does the same and answers 504.
 
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::Poll;
 
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
-use http::{header, HeaderValue, Request, Response, StatusCode};
+use http::{header, HeaderName, HeaderValue, Request, Response, StatusCode};
 
-use super::fair::{CostInputs, FairQueue, QueueError};
+use super::fair::{FairQueue, QueueError};
 use super::permit::Permit;
-use crate::admission::{
-    ActualTokens, Deadline, Error as AdmissionError, Estimate as AdmissionEstimate,
-};
-use crate::body::Parsed;
+use crate::context::{Context, Ctx, Dispatch};
 use crate::error::{ApiError, Error};
-use crate::estimate::{Estimate, Estimator};
-use crate::metrics::{Dispatch, RequestLog};
 use crate::response::ResponseBody;
-use crate::route::Route;
-use crate::tenant::Identity;
-use crate::upstream::QueueMs;
-use crate::usage;
 
-/// Holds the pools' queues, indexed like `[[upstreams]]`, and the estimator that reconciles.
+/// Told of every grant as it is made (metrics: served share, queue wait), so what is shown
+/// while a request is in flight includes it. Implemented above the queue; the queue imports
+/// no observer.
+pub trait Observer: Send + Sync {
+    /// The request of `ctx` was granted `dispatch` (already in `ctx`).
+    fn dispatched(&self, ctx: &Context, dispatch: &Dispatch);
+}
+
+/// Holds the pools' queues, indexed like `[[upstreams]]`, and the grant observer.
 #[derive(Clone)]
 pub struct Layer {
     /// One queue per pool.
     pub pools: Arc<[Arc<FairQueue>]>,
-    /// Reconciles completed requests (learned estimates, statistics).
-    pub estimator: Arc<Estimator>,
+    /// Told of every grant.
+    pub observer: Arc<dyn Observer>,
 }
 
 impl<S> tower::Layer<S> for Layer {
     type Service = Service<S>;
     fn layer(&self, inner: S) -> Self::Service {
         Service {
-            pools: self.pools.clone(),
-            estimator: self.estimator.clone(),
+            layer: self.clone(),
             inner,
         }
     }
@@ -52,9 +54,21 @@ impl<S> tower::Layer<S> for Layer {
 /// See the module docs.
 #[derive(Clone)]
 pub struct Service<S> {
-    pools: Arc<[Arc<FairQueue>]>,
-    estimator: Arc<Estimator>,
+    layer: Layer,
     inner: S,
+}
+
+/// A granted permit, settled from the context when the response body is done.
+struct Held {
+    permit: Permit,
+    ctx: Ctx,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let actual = self.ctx.usage().map(|u| u.cost);
+        self.permit.settle(actual, self.ctx.retries());
+    }
 }
 
 impl<S> tower::Service<Request<Bytes>> for Service<S>
@@ -69,140 +83,101 @@ where
     type Error = Error;
     type Future = BoxFuture<'static, Result<Self::Response, Error>>;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
+    fn poll_ready(&mut self, cx: &mut std::task::Context<'_>) -> Poll<Result<(), Error>> {
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, mut req: Request<Bytes>) -> Self::Future {
+    fn call(&mut self, req: Request<Bytes>) -> Self::Future {
         // The ready clone goes into the future; a fresh clone stays for the next call.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
-        let pools = self.pools.clone();
-        let estimator = self.estimator.clone();
+        let layer = self.layer.clone();
         Box::pin(async move {
-            let ext = req.extensions();
-            let (Some(id), Some(route)) = (ext.get::<Identity>(), ext.get::<Route>()) else {
-                // Not a routed request (e.g. /v1/models): nothing to queue.
-                return inner.call(req).await;
-            };
+            let pools = &layer.pools;
+            let ctx = crate::context::of(&req)?;
+            let id = ctx.identity()?;
+            let route = *ctx.route()?;
+            let cost = ctx.estimate()?.cost_inputs();
+            let deadline = ctx.admitted()?.deadline;
             let pool = pools
-                .get(route.index)
-                .ok_or(Error::Internal("no queue for the routed pool"))?
+                .get(route.pool)
+                .ok_or_else(|| Error::internal("no queue for the routed pool"))?
                 .clone();
-            let estimate = ext.get::<Estimate>().cloned();
-            let cost = match &estimate {
-                Some(e) => e.cost_inputs(),
-                None => cost_inputs(req.body(), ext.get::<Parsed>()),
-            };
-            let tenant = id.tenant.id.clone();
-            let (route_index, class) = (route.index, id.class);
-            let acquire = pool.acquire(&tenant, id.class, id.recovery, cost);
+            let acquire = pool.acquire(&id.tenant.id, id.class, id.recovery, cost);
             // A deadline removes the request from the queue when it passes (the cancel guard of
             // `acquire` uncharges it) and answers 504.
-            let permit = match ext.get::<Deadline>().copied() {
+            let permit = match deadline {
                 None => acquire.await?,
                 Some(d) => tokio::time::timeout_at(d.at, acquire)
                     .await
-                    .map_err(|_| AdmissionError::DeadlineExceeded { budget: d.budget })??,
+                    .map_err(|_| QueueError::DeadlineExceeded { budget: d.budget })??,
             };
-            req.extensions_mut()
-                .insert(QueueMs(permit.waited().as_millis() as u64));
-            req.extensions_mut().insert(permit.surcharge());
-            let actual = req.extensions().get::<ActualTokens>().cloned();
-            if let Some(log) = req.extensions().get::<Arc<RequestLog>>() {
-                let ext = req.extensions();
-                log.dispatched(Dispatch {
-                    pool: route_index,
-                    class,
-                    waited: permit.waited(),
-                    charged: permit.charged(),
-                    model: ext.get::<Parsed>().map(|p| p.model.as_str()),
-                    estimated: ext.get::<AdmissionEstimate>().map(|e| e.total.0),
-                    actual: actual.clone(),
-                });
-            }
-            let res = inner.call(req).await?;
-            Ok(match estimate {
-                Some(e) if res.status().is_success() => {
-                    observe(res, &e, &estimator, permit, actual)
-                }
-                _ => {
-                    let mut res = res;
-                    res.body_mut().attach(Box::new(permit));
-                    res
-                }
-            })
+            let dispatch = Dispatch {
+                pool: route.pool,
+                waited: permit.waited(),
+                charged: permit.charged(),
+                at: permit.granted_at(),
+            };
+            ctx.set_dispatch(dispatch);
+            layer.observer.dispatched(&ctx, &dispatch);
+            let held = Held {
+                permit,
+                ctx: ctx.clone(),
+            };
+            let mut res = inner.call(req).await?;
+            res.body_mut().attach(Box::new(held));
+            Ok(res)
         })
     }
-}
-
-/// Without an estimate (a request the estimate stage did not count): ~4 bytes per input token,
-/// plus the request's output cap (or the default, applied at dispatch).
-fn cost_inputs(body: &Bytes, parsed: Option<&Parsed>) -> CostInputs {
-    CostInputs {
-        input_tokens: (body.len() as u64).div_ceil(4),
-        max_output_tokens: parsed.and_then(|p| p.max_tokens),
-        ..CostInputs::default()
-    }
-}
-
-/// Wraps a 2xx response body in the usage observer, which owns the permit and reconciles it.
-fn observe(
-    res: Response<ResponseBody>,
-    estimate: &Estimate,
-    estimator: &Arc<Estimator>,
-    permit: Permit,
-    actual: Option<ActualTokens>,
-) -> Response<ResponseBody> {
-    let (mut head, body) = res.into_parts();
-    let sse = head
-        .headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("text/event-stream"));
-    if sse && estimate.strip_usage {
-        // Removing a chunk changes the length.
-        head.headers.remove(header::CONTENT_LENGTH);
-    }
-    let body = usage::Body::new(body, estimate, estimator.clone(), permit, sse, actual);
-    Response::from_parts(head, ResponseBody::boxed(body))
 }
 
 impl ApiError for QueueError {
     fn status(&self) -> StatusCode {
         match self {
             QueueError::UnknownTenant => StatusCode::SERVICE_UNAVAILABLE,
+            QueueError::DeadlineExceeded { .. } => StatusCode::GATEWAY_TIMEOUT,
             _ => StatusCode::TOO_MANY_REQUESTS,
         }
     }
     fn kind(&self) -> &'static str {
         match self {
-            QueueError::UnknownTenant => "server_error",
+            QueueError::UnknownTenant | QueueError::DeadlineExceeded { .. } => "server_error",
             _ => "requests",
         }
     }
     fn code(&self) -> &'static str {
         match self {
             QueueError::UnknownTenant => "tenant_not_ready",
+            QueueError::DeadlineExceeded { .. } => "deadline_exceeded",
             _ => "rate_limit_exceeded",
         }
     }
-    fn headers(&self) -> Vec<(header::HeaderName, HeaderValue)> {
-        let retry_after = match self {
+    fn limit(&self) -> Option<&'static str> {
+        match self {
+            QueueError::TenantFull { .. } | QueueError::PoolFull { .. } => Some("queue"),
+            _ => None,
+        }
+    }
+    fn headers(&self) -> Vec<(HeaderName, HeaderValue)> {
+        match self {
             QueueError::TenantFull { retry_after } | QueueError::PoolFull { retry_after } => {
-                retry_after
+                vec![(
+                    header::RETRY_AFTER,
+                    HeaderValue::from(retry_after.as_secs()),
+                )]
             }
-            QueueError::UnknownTenant => return Vec::new(),
-        };
-        vec![
-            (
-                header::RETRY_AFTER,
-                HeaderValue::from(retry_after.as_secs()),
-            ),
-            (
-                header::HeaderName::from_static("x-fairgate-limit"),
-                HeaderValue::from_static("queue"),
-            ),
-        ]
+            _ => Vec::new(),
+        }
+    }
+    fn reason(&self) -> &'static str {
+        match self {
+            QueueError::TenantFull { .. } => "tenant_queue_full",
+            QueueError::PoolFull { .. } => "pool_queue_full",
+            QueueError::UnknownTenant => "unknown_tenant",
+            QueueError::DeadlineExceeded { .. } => "deadline_exceeded",
+        }
+    }
+    fn never_sent(&self) -> bool {
+        true
     }
 }

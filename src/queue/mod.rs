@@ -2,7 +2,7 @@
 //!
 //! One [`FairQueue`] per upstream pool. `acquire` enqueues a request with its cost inputs and
 //! waits for a grant; the grant is a [`Permit`] (tenant slot + pool slot) that lives as long as
-//! the response body ([`PermitBody`]) and is released by `Drop`.
+//! the response body (the stage attaches it there) and is released by `Drop`.
 //!
 //! Invariants:
 //! - No lock is held across `.await`; the scheduler is only touched under a short std mutex.
@@ -12,16 +12,15 @@
 //! - Permits dropped inside the lock's scope are never released there (that would re-enter the
 //!   mutex): they are collected and dropped after unlocking.
 
-mod body;
 mod fair;
 mod layer;
 mod permit;
 mod pools;
 
-pub use body::PermitBody;
-pub use fair::{CostInputs, FairQueue, QueueError, QueueSettings, TenantSettings, WaitInputs};
-pub use layer::{Layer, Service};
-pub use permit::{Permit, Surcharge};
+pub use crate::estimate::CostInputs;
+pub use fair::{FairQueue, QueueError, QueueSettings, TenantSettings, WaitInputs};
+pub use layer::{Layer, Observer, Service};
+pub use permit::Permit;
 pub use pools::{pool, pools, scheduler_config, tenant_settings};
 #[cfg(test)]
 mod tests;

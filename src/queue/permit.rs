@@ -1,6 +1,5 @@
 //! [`Permit`]: a granted slot (tenant + pool) that returns itself on `Drop`.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,30 +10,14 @@ use crate::domain::Tokens;
 use crate::scheduler::Slot;
 
 /// A granted request's hold on the pool. Dropping it returns the slot (exactly once) and lets
-/// the next request in; `set_actual` makes the release reconcile the tenant's credit.
+/// the next request in; [`Permit::settle`] makes the release reconcile the tenant's credit.
 pub struct Permit {
     queue: Arc<FairQueue>,
     slot: Slot,
     waited: Duration,
     granted_at: Instant,
     actual: Option<Tokens>,
-    extra: Arc<AtomicU64>,
-}
-
-/// A handle, carried in request extensions, through which later stages add to what a granted
-/// request costs its tenant — e.g. one more upstream attempt after a retryable failure, so a
-/// tenant's retry storm is paid by that tenant's share, not by everyone's.
-#[derive(Clone, Debug)]
-pub struct Surcharge {
-    cost: Tokens,
-    extra: Arc<AtomicU64>,
-}
-
-impl Surcharge {
-    /// Charges one more attempt at the cost charged at dispatch.
-    pub fn charge_attempt(&self) {
-        self.extra.fetch_add(self.cost.0, Ordering::Relaxed);
-    }
+    retries: u32,
 }
 
 impl Permit {
@@ -45,16 +28,13 @@ impl Permit {
             waited,
             granted_at: Instant::now(),
             actual: None,
-            extra: Arc::default(),
+            retries: 0,
         }
     }
 
-    /// The surcharge handle of this grant (see [`Surcharge`]).
-    pub fn surcharge(&self) -> Surcharge {
-        Surcharge {
-            cost: self.slot.cost,
-            extra: self.extra.clone(),
-        }
+    /// When the grant was made.
+    pub fn granted_at(&self) -> Instant {
+        self.granted_at
     }
 
     /// Time the request spent queued.
@@ -67,9 +47,13 @@ impl Permit {
         self.slot.cost
     }
 
-    /// Records the actual cost; the release reconciles credit with it.
-    pub fn set_actual(&mut self, actual: Tokens) {
-        self.actual = Some(actual);
+    /// Records what the request cost for the release to reconcile credit with: the actual
+    /// cost (`None`: unknown, the charge stands) and the upstream attempts beyond the first,
+    /// each charged the cost charged at dispatch (a tenant's retry storm is paid by that
+    /// tenant's share, not by everyone's).
+    pub fn settle(&mut self, actual: Option<Tokens>, retries: u32) {
+        self.actual = actual;
+        self.retries = retries;
     }
 }
 
@@ -77,7 +61,7 @@ impl Drop for Permit {
     fn drop(&mut self) {
         // Extra attempts are charged on top of the actual cost (or of the estimate, when the
         // actual is unknown).
-        let extra = self.extra.load(Ordering::Relaxed);
+        let extra = self.slot.cost.0.saturating_mul(u64::from(self.retries));
         let actual = match (self.actual, extra) {
             (a, 0) => a,
             (a, x) => Some(Tokens(a.unwrap_or(self.slot.cost).0.saturating_add(x))),

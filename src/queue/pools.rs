@@ -5,19 +5,16 @@ use std::time::Duration;
 
 use super::fair::{FairQueue, QueueSettings, TenantSettings};
 use crate::config::{self, Config};
+use crate::context::Tenant;
 use crate::domain::{TenantId, Tokens, Weight};
 use crate::estimate::Estimator;
 use crate::scheduler;
-use crate::tenant::Directory;
 
 /// The scheduler settings of one pool of `max_concurrency` slots.
 pub fn scheduler_config(s: &config::SchedulerConfig, max_concurrency: usize) -> scheduler::Config {
     let weight = |w: u32| Weight::new(f64::from(w)).unwrap_or(Weight::ONE);
     scheduler::Config {
-        policy: match s.policy {
-            config::Policy::Drr => scheduler::Policy::Drr,
-            config::Policy::Fifo => scheduler::Policy::Fifo,
-        },
+        policy: s.policy,
         quantum: Tokens(s.quantum),
         capacity: u32::try_from(max_concurrency).unwrap_or(u32::MAX),
         reserved_slots: u32::try_from(s.reserved_slots).unwrap_or(u32::MAX),
@@ -28,9 +25,11 @@ pub fn scheduler_config(s: &config::SchedulerConfig, max_concurrency: usize) -> 
 }
 
 /// Every tenant's queue settings.
-pub fn tenant_settings(tenants: &Directory) -> Vec<(TenantId, TenantSettings)> {
+pub fn tenant_settings<'a>(
+    tenants: impl IntoIterator<Item = &'a Arc<Tenant>>,
+) -> Vec<(TenantId, TenantSettings)> {
     tenants
-        .tenants()
+        .into_iter()
         .map(|t| {
             let spec = TenantSettings {
                 weight: t.weight,
@@ -45,9 +44,9 @@ pub fn tenant_settings(tenants: &Directory) -> Vec<(TenantId, TenantSettings)> {
 }
 
 /// One queue per upstream pool, each knowing every tenant, all pricing with `estimator`.
-pub fn pools(
+pub fn pools<'a>(
     config: &Config,
-    tenants: &Directory,
+    tenants: impl IntoIterator<Item = &'a Arc<Tenant>>,
     estimator: &Arc<Estimator>,
 ) -> Arc<[Arc<FairQueue>]> {
     let specs = tenant_settings(tenants);

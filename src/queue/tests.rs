@@ -162,9 +162,8 @@ async fn extra_attempts_are_charged_to_the_tenant() {
         .await
         .unwrap();
     let charged = p.charged().0 as i64;
-    let s = p.surcharge();
-    s.charge_attempt();
-    s.charge_attempt();
+    let mut p = p;
+    p.settle(None, 2);
     drop(p);
     // Two more attempts at the dispatch cost: a debt of two charges once the queue is empty.
     assert_eq!(q.credit(&a), Some(-2 * charged));

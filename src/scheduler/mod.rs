@@ -5,7 +5,7 @@
 //! epoch the caller picks), no I/O, no locks. The proxy (`queue`) and the simulator (`sim`) drive
 //! this very code.
 //!
-//! Invariants kept here, each checked by the tests in `tests.rs` and `proptests.rs`:
+//! Invariants kept here, each checked by the tests in `tests.rs` and its `tests/props.rs` (proptest):
 //! - Capacity: pool in-flight ≤ capacity; non-recovery in-flight ≤ capacity − reserved; tenant
 //!   in-flight ≤ its `max_concurrency`. Recovery may always hold up to `reserved_slots`: when
 //!   `set_capacity` lowers the capacity below what is in flight (a 429 storm, an upstream pause),
@@ -26,10 +26,6 @@ mod lane;
 mod list;
 mod prefetch;
 #[cfg(test)]
-mod proptests;
-#[cfg(test)]
-mod reload_tests;
-#[cfg(test)]
 mod tests;
 
 use std::collections::{HashMap, VecDeque};
@@ -41,17 +37,8 @@ pub use arena::Ticket;
 use arena::{Arena, Entry};
 use lane::Discipline;
 
-/// Which discipline orders the queue.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum Policy {
-    /// Weighted deficit round robin in tokens (the point of fairgate).
-    #[default]
-    Drr,
-    /// One arrival-ordered queue (exists to compare against).
-    Fifo,
-}
-
 pub use crate::domain::Class;
+pub use crate::domain::Policy;
 
 /// The internal lane a queued request sits in: the two classes plus recovery traffic, which has
 /// strict priority and may use the reserved slots.
@@ -330,11 +317,6 @@ impl<T> Scheduler<T> {
     /// The key of a known tenant.
     pub fn tenant_key(&self, id: &TenantId) -> Option<TenantKey> {
         self.by_id.get(id).copied()
-    }
-
-    /// The id of a tenant key.
-    pub fn tenant_id(&self, k: TenantKey) -> &TenantId {
-        &self.info[k.idx()].id
     }
 
     /// Queues `item` for `tenant` in `class` (`recovery` requests use the recovery lane).

@@ -1,4 +1,8 @@
-//! Unit tests of the scheduler's rules, one behaviour each.
+//! Unit tests of the scheduler's rules, one behaviour each; property tests of its invariants
+//! in `props`, reconfiguration in `reload`.
+
+mod props;
+mod reload;
 
 use std::time::Duration;
 

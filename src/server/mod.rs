@@ -38,7 +38,7 @@ use crate::response::{BoxError, ResponseBody};
 use crate::route::Router;
 use crate::tenant::Directory;
 use crate::upstream::Upstream;
-use crate::{body, edge, estimate, health, queue, route, tenant, upstream};
+use crate::{body, estimate, health, queue, ratelimit, render, route, tenant, upstream, usage};
 pub use diff::Changes;
 pub use live::Live;
 pub use reload::ReloadError;
@@ -87,7 +87,7 @@ impl State {
             .collect::<Result<Vec<_>, _>>()?;
         let admin_token = Self::admin_token(&config, env)?;
         let estimator = Arc::new(Estimator::new(&config.estimate, &config.models));
-        let pools = queue::pools(&config, &tenants, &estimator);
+        let pools = queue::pools(&config, tenants.tenants(), &estimator);
         let metrics = Metrics::new(&config);
         // Cluster mode: the shared rate store replaces the in-memory one, and a lease gate per
         // pool bounds its dispatch by the slots leased in Redis.
@@ -95,7 +95,7 @@ impl State {
             crate::cluster::connect(&config, metrics.plain_gauge("fairgate_cluster_degraded"))?;
         let store = linked
             .as_ref()
-            .map(|(_, s)| s.clone() as Arc<dyn admission::rate::RateStore>);
+            .map(|(_, s)| s.clone() as Arc<dyn crate::ratelimit::RateStore>);
         let admission = Admission::with_store(&config, pools.clone(), store);
         let cluster = linked.map(|(link, store)| {
             crate::cluster::Cluster::new(link, store, &config, &pools, &admission)
@@ -132,6 +132,14 @@ impl State {
 }
 
 /// The whole request path, outermost first.
+///
+/// Every stage below `render` reads and writes the one per-request context (`crate::context`)
+/// that `render` creates; a stage placed above the writer of a field it needs answers 500
+/// (tested). Permits (the fair queue's grant, a rate admission) are taken in the stage's `call`
+/// future, not in `poll_ready`: what they cost and which pool they come from depend on the
+/// request — its tenant, model and estimate — which `poll_ready` cannot see; and a grant made
+/// in `poll_ready` would be held by an idle connection that sends nothing. The stages keep
+/// `poll_ready` a pass-through, and the permit lives in the response body, released on `Drop`.
 pub fn stack<B>(
     state: &State,
 ) -> impl tower::Service<
@@ -148,10 +156,11 @@ where
 {
     let tenant_header: Option<HeaderName> = state.tenants.tenant_header().cloned();
     let on_main = state.config.admin.listen.is_none();
+    let upstreams: Arc<[Arc<Upstream>]> = state.upstreams.iter().cloned().collect();
     ServiceBuilder::new()
-        // Outermost so that every error of every stage below (and any panic) is rendered once,
-        // in OpenAI's shape, and every response carries x-fairgate-queue-ms.
-        .layer(edge::Layer)
+        // Outermost: creates the request context, and renders every stage error (in OpenAI's
+        // shape) and any panic once; writes x-fairgate-queue-ms on every response.
+        .layer(render::Layer)
         // Before authentication: probes carry no key, and must not cost a body read.
         .layer(health::Layer(state.ready.clone()))
         // `/metrics` and the admin API, also before authentication (a scraper carries no tenant
@@ -160,12 +169,12 @@ where
         .option_layer(on_main.then(|| ops::admin(state)))
         // Who is calling, before reading a byte of the body: unknown callers cost a header hash.
         .layer(tenant::Layer(state.tenants.clone()))
-        // The tenant's x-ratelimit-* headers, on every response of a limited tenant: right below
+        // The tenant's x-ratelimit-* headers, on every outcome of a limited tenant: right below
         // `tenant` so that every refusal of every stage below (413 body, 400, 429, 504) and every
-        // upstream answer passes through it; above `metrics`, which renders those refusals.
-        .layer(admission::headers::Layer(state.admission.store.clone()))
+        // upstream answer passes through it.
+        .layer(ratelimit::headers::Layer(state.admission.store.clone()))
         // Request metrics and the per-request log line, as soon as the tenant is known: every
-        // answer below (success or refusal, with its reason) is counted under its tenant.
+        // outcome below (success or refusal, with its reason) is counted under its tenant.
         .layer(metrics::Layer(state.metrics.clone()))
         // Read the (bounded) body once and parse it once; estimation and routing need it.
         .layer(body::Layer {
@@ -180,20 +189,23 @@ where
         // (the wait is predicted from the routed pool's queue) and estimation (the charge is the
         // estimate), before queueing, so nothing that must be refused takes a queue slot.
         .layer(admission::Layer(state.admission.clone()))
-        // The fair queue of the routed pool: waits for a permit (weighted DRR in tokens), sets
-        // x-fairgate-queue-ms, and ties the permit to the response body so the pool slot lives
-        // exactly as long as the stream. After routing (queues are per pool), before upstream.
-        // A 2xx body is observed for `usage` and reconciled when it ends or is dropped.
+        // Reconcile: observes a 2xx body for `usage` and writes the actual cost to the context
+        // when it ends or is dropped. Above the queue, so its body wraps the one the permit is
+        // attached to: the usage is known before the permit (and admission's ledger) settles.
+        .layer(usage::Layer(state.estimator.clone()))
+        // The fair queue of the routed pool: waits for a permit (weighted DRR in tokens) and
+        // ties it to the response body so the pool slot lives exactly as long as the stream.
+        // After routing (queues are per pool), before upstream.
         .layer(queue::Layer {
             pools: state.pools.clone(),
-            estimator: state.estimator.clone(),
+            observer: state.metrics.clone(),
         })
         // Upstream feedback and retries, inside the permit: every answer teaches the pool's
         // learned capacity, and a 429/502/503 with nothing yet sent to the client is retried
         // while the request keeps its slot (so a retry never jumps the fair queue).
         .layer(state.admission.retry_layer())
         // Innermost: forward to the provider and stream the answer back.
-        .service(upstream::Service::new(tenant_header))
+        .service(upstream::Service::new(upstreams, tenant_header))
 }
 
 /// Why the server could not start.
@@ -424,7 +436,7 @@ mod tests {
 
     async fn status(state: &State, req: Request<Full<Bytes>>) -> u16 {
         let res = stack(state).oneshot(req).await.unwrap();
-        assert!(res.headers().contains_key(upstream::QUEUE_MS_HEADER));
+        assert!(res.headers().contains_key(render::QUEUE_MS_HEADER));
         res.status().as_u16()
     }
 
@@ -457,5 +469,77 @@ mod tests {
             .body(Full::default())
             .unwrap();
         assert_eq!(status(&s, req).await, 405);
+    }
+
+    /// A stack whose stages are out of order fails loudly (500 naming the missing field), never
+    /// passes the request through with a limit skipped.
+    #[tokio::test]
+    async fn a_misordered_stack_answers_500_instead_of_skipping_a_stage() {
+        use http_body_util::BodyExt;
+        use tower::Layer as _;
+        let s = state();
+        let ok = || {
+            tower::service_fn(|_: Request<Bytes>| async {
+                Ok::<_, crate::Error>(Response::new(ResponseBody::empty()))
+            })
+        };
+        let chat = || {
+            Request::post("/v1/chat/completions")
+                .header("authorization", "Bearer k")
+                .header("content-type", "application/json")
+                .body(Full::new(Bytes::from_static(
+                    b"{\"model\":\"m\",\"messages\":[]}",
+                )))
+                .unwrap()
+        };
+        let message = |res: Response<ResponseBody>| async move {
+            assert_eq!(res.status(), 500);
+            let body = res.into_body().collect().await.unwrap().to_bytes();
+            let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            assert_eq!(v["error"]["code"], "internal_error");
+            v["error"]["message"].as_str().unwrap().to_owned()
+        };
+        // Admission above estimation: the estimate it charges is not there yet.
+        let misordered = ServiceBuilder::new()
+            .layer(render::Layer)
+            .layer(tenant::Layer(s.tenants.clone()))
+            .layer(body::Layer {
+                max_body_bytes: 1 << 20,
+            })
+            .layer(route::Layer(s.router.clone()))
+            .layer(admission::Layer(s.admission.clone()))
+            .layer(estimate::Layer::new(s.estimator.clone()))
+            .service(ok());
+        let m = message(misordered.oneshot(chat()).await.unwrap()).await;
+        assert!(m.contains("`estimate` must run"), "{m}");
+        // The queue without admission: no deadline decision to honour.
+        let unadmitted = ServiceBuilder::new()
+            .layer(render::Layer)
+            .layer(tenant::Layer(s.tenants.clone()))
+            .layer(body::Layer {
+                max_body_bytes: 1 << 20,
+            })
+            .layer(route::Layer(s.router.clone()))
+            .layer(estimate::Layer::new(s.estimator.clone()))
+            .layer(queue::Layer {
+                pools: s.pools.clone(),
+                observer: s.metrics.clone(),
+            })
+            .service(ok());
+        let m = message(unadmitted.oneshot(chat()).await.unwrap()).await;
+        assert!(m.contains("`admission` must run"), "{m}");
+        assert_eq!(s.pools[0].load(), (0, 0), "nothing was queued");
+        // No render layer on top: there is no context, and the first stage says so.
+        let headless = tenant::Layer(s.tenants.clone()).layer(ok());
+        let (head, _) = chat().into_parts();
+        let e = headless
+            .oneshot(Request::from_parts(head, Bytes::new()))
+            .await
+            .unwrap_err();
+        assert_eq!(e.status(), 500);
+        assert!(e.to_string().contains("render"), "{e}");
+        // In order, the same request passes every stage.
+        let res = stack(&s).oneshot(chat()).await.unwrap();
+        assert_ne!(res.status(), 500);
     }
 }

@@ -7,7 +7,7 @@
 use std::convert::Infallible;
 use std::sync::Arc;
 
-use http::{Request, Response, StatusCode};
+use http::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
@@ -16,8 +16,9 @@ use tower::ServiceBuilder;
 
 use super::live::{Live, LiveService};
 use super::State;
+use crate::admin::OpsError;
 use crate::response::ResponseBody;
-use crate::{admin, edge, metrics};
+use crate::{admin, metrics, render};
 
 /// The `/metrics` layer of `state`.
 pub(super) fn scrape(state: &State) -> metrics::Scrape {
@@ -57,16 +58,11 @@ pub fn stack<B: Send + 'static>(
        + Send
        + 'static {
     ServiceBuilder::new()
-        .layer(edge::Layer)
+        .layer(render::Layer)
         .layer(scrape(state))
         .layer(admin(state))
         .service(tower::service_fn(|_: Request<B>| async {
-            Ok::<_, crate::Error>(crate::error::render(
-                StatusCode::NOT_FOUND,
-                "not found",
-                "invalid_request_error",
-                "not_found",
-            ))
+            Err::<Response<ResponseBody>, _>(crate::Error::from(OpsError::NotFound))
         }))
 }
 

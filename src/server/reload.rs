@@ -18,46 +18,16 @@
 
 use std::sync::Arc;
 
-use http::StatusCode;
-
 use super::diff::{self, Changes};
 use super::State;
-use crate::admission::capacity::PoolCapacity;
 use crate::config::{Config, ConfigError};
-use crate::error::ApiError;
+use crate::feedback::capacity::PoolCapacity;
 use crate::queue::{self, FairQueue};
 use crate::route::Router;
 use crate::tenant::Directory;
 use crate::upstream::Upstream;
 
-/// Why a reload was refused; the configuration in force stays.
-#[derive(Debug, thiserror::Error)]
-pub enum ReloadError {
-    /// The server was started from a `Config` value, not a file: there is nothing to re-read.
-    #[error("this server was not started from a config file; there is nothing to reload")]
-    NoFile,
-    /// The new configuration is invalid (the message names the key).
-    #[error("invalid configuration, the previous one stays in force: {0}")]
-    Invalid(#[from] ConfigError),
-}
-
-impl ApiError for ReloadError {
-    fn status(&self) -> StatusCode {
-        match self {
-            ReloadError::NoFile => StatusCode::CONFLICT,
-            ReloadError::Invalid(_) => StatusCode::BAD_REQUEST,
-        }
-    }
-    fn kind(&self) -> &'static str {
-        "invalid_request_error"
-    }
-    fn code(&self) -> &'static str {
-        match self {
-            ReloadError::NoFile => "no_config_file",
-            ReloadError::Invalid(_) => "invalid_config",
-        }
-    }
-}
+pub use crate::admin::ReloadError;
 
 impl State {
     /// The state of `config`, carried over from this one (see the module docs), and what
@@ -99,7 +69,7 @@ impl State {
         }
 
         // Nothing can fail from here on: apply in place.
-        let specs = queue::tenant_settings(&tenants);
+        let specs = queue::tenant_settings(tenants.tenants());
         let reserved = u32::try_from(config.scheduler.reserved_slots).unwrap_or(u32::MAX);
         let mut pools: Vec<Arc<FairQueue>> = Vec::with_capacity(upstreams.len());
         let mut capacity: Vec<Arc<PoolCapacity>> = Vec::with_capacity(upstreams.len());

@@ -4,7 +4,7 @@
 //!
 //! Invariants:
 //! - A worker serves only the connections it accepted; the upstream client it forwards with is
-//!   its own lane ([`current`] indexes [`crate::upstream::Upstream`]'s clients), so connection
+//!   its own lane ([`crate::worker::current`] indexes [`crate::upstream::Upstream`]'s clients), so connection
 //!   tasks, timers and the request future share one runtime. Shared state (tenants, fair queues,
 //!   admission, metrics) is `Send + Sync` and crosses workers freely; a fair-queue grant made on
 //!   another worker wakes the waiter through its runtime's remote queue.
@@ -13,7 +13,6 @@
 //! - On stop every worker stops accepting, drains its connections for at most the grace period,
 //!   aborts the rest, and reports done; the server has stopped when every worker has.
 
-use std::cell::Cell;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -30,15 +29,6 @@ use tokio_rustls::TlsAcceptor;
 use crate::config::ServerConfig;
 
 use super::live::LiveService;
-
-thread_local! {
-    static WORKER: Cell<usize> = const { Cell::new(0) };
-}
-
-/// The index of the connection worker running on this thread (0 on any other thread).
-pub fn current() -> usize {
-    WORKER.with(Cell::get)
-}
 
 /// How many workers `server` asks for (`workers`, else one per CPU core).
 pub fn count(server: &ServerConfig) -> usize {
@@ -127,7 +117,7 @@ pub fn spawn(
         std::thread::Builder::new()
             .name(format!("fairgate-w{index}"))
             .spawn(move || {
-                WORKER.with(|w| w.set(index));
+                crate::worker::set(index);
                 let _log = dispatch.as_ref().map(tracing::dispatcher::set_default);
                 rt.block_on(async move {
                     match TcpListener::from_std(listener) {

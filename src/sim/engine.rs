@@ -11,8 +11,8 @@ use std::time::Duration;
 use super::report::{Recorder, Report};
 use super::rng::Rng;
 use super::scenario::Scenario;
-use crate::admission::aimd::Aimd;
 use crate::domain::{TenantId, Tokens, Weight};
+use crate::feedback::aimd::Aimd;
 use crate::scheduler::{self, Class, Policy, Scheduler, Slot, TenantKey, TenantSpec};
 
 /// Attempts per request against a provider that answers 429 (the proxy's retry budget).

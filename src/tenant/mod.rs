@@ -1,17 +1,16 @@
 //! Tenant stage: who is calling. `Authorization: Bearer <key>` → SHA-256 digest → [`Tenant`],
 //! or, in sidecar mode (`[server] tenant_header`), a trusted header naming the tenant id.
 //!
-//! Inserts an [`Identity`] into the request extensions. Invariants: keys are only ever held as
+//! Writes the request context's [`Identity`]. Invariants: keys are only ever held as
 //! digests, never logged or echoed; every lookup costs one hash and one map probe whether or not
 //! the key matches; an unknown or missing key never reaches later stages (401).
 
 use std::sync::Arc;
 
-use http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
-use sha2::{Digest, Sha256};
+use http::{header, HeaderMap, HeaderName, StatusCode};
 
 use crate::config::{Config, ConfigError};
-use crate::domain::{Class, TenantId, Weight};
+use crate::domain::{Class, TenantId};
 use crate::error::ApiError;
 
 mod service;
@@ -20,33 +19,9 @@ pub use service::{Layer, Service};
 /// Request header choosing the class of one request: `interactive` or `batch`.
 pub const PRIORITY_HEADER: &str = "x-fairgate-priority";
 
-/// A configured tenant with its effective (tenant > plan > default) settings.
-#[derive(Debug)]
-pub struct Tenant {
-    /// The tenant id.
-    pub id: TenantId,
-    /// Share weight.
-    pub weight: Weight,
-    /// Concurrency cap, if any.
-    pub max_concurrency: Option<usize>,
-    /// Queued-requests cap.
-    pub max_queued: usize,
-    /// Default class of its requests.
-    pub priority: Class,
-    /// Its own provider key as a ready `Bearer …` header value (marked sensitive), if configured.
-    pub upstream_key: Option<HeaderValue>,
-}
-
-/// Who is calling, inserted into request extensions by this stage.
-#[derive(Debug, Clone)]
-pub struct Identity {
-    /// The tenant.
-    pub tenant: Arc<Tenant>,
-    /// This request's class (header `x-fairgate-priority`, else the tenant's `priority`).
-    pub class: Class,
-    /// Whether the key used is a recovery key (may use reserved slots).
-    pub recovery: bool,
-}
+pub use crate::context::{Identity, Tenant};
+pub use crate::domain::{digest, parse_digest};
+pub use crate::upstream::headers::bearer;
 
 /// Tenant stage errors.
 #[derive(Debug, thiserror::Error)]
@@ -81,18 +56,9 @@ impl ApiError for Error {
             _ => "invalid_api_key",
         }
     }
-}
-
-/// SHA-256 of a key.
-pub fn digest(key: &[u8]) -> [u8; 32] {
-    Sha256::digest(key).into()
-}
-
-/// Parses a 64-hex-character SHA-256 digest.
-pub fn parse_digest(hex_digest: &str) -> Option<[u8; 32]> {
-    let mut out = [0u8; 32];
-    hex::decode_to_slice(hex_digest, &mut out).ok()?;
-    Some(out)
+    fn reason(&self) -> &'static str {
+        "auth"
+    }
 }
 
 /// All tenants, indexed by key digest and by id.
@@ -228,16 +194,10 @@ fn bearer_token(value: &[u8]) -> Option<&[u8]> {
     (!token.is_empty()).then_some(token)
 }
 
-/// A sensitive `Bearer <key>` header value.
-pub fn bearer(key: &str) -> Option<HeaderValue> {
-    let mut v = HeaderValue::try_from(format!("Bearer {key}")).ok()?;
-    v.set_sensitive(true);
-    Some(v)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::HeaderValue;
 
     fn dir(extra: &str) -> Directory {
         let text = format!(

@@ -1,5 +1,6 @@
 //! The tenant stage as a tower layer: identifies the caller with [`Directory::identify`] and
-//! inserts the [`Identity`]; a caller that cannot be identified never reaches the inner service.
+//! writes the context's `identity`; a caller that cannot be identified never reaches the inner
+//! service.
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -43,10 +44,14 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, mut req: Request<B>) -> Self::Future {
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let ctx = match crate::context::of(&req) {
+            Ok(ctx) => ctx,
+            Err(e) => return Either::Left(ready(Err(e))),
+        };
         match self.dir.identify(req.headers()) {
             Ok(identity) => {
-                req.extensions_mut().insert(identity);
+                ctx.set_identity(identity);
                 Either::Right(self.inner.call(req))
             }
             Err(e) => Either::Left(ready(Err(e.into()))),

@@ -1,7 +1,7 @@
 //! Header hygiene between client and provider: hop-by-hop headers never cross the proxy, and the
 //! tenant's credentials never go upstream.
 
-use http::header::{self, HeaderMap, HeaderName};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
 /// Hop-by-hop headers (RFC 9110 §7.6.1) plus `proxy-*` handled in [`strip_hop_by_hop`].
 const HOP_BY_HOP: [HeaderName; 6] = [
@@ -41,17 +41,31 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 
 /// Prepares client request headers for the provider: hop-by-hop, `host`, `content-length`
 /// (recomputed), `expect` (the body is already read), the client's `authorization`, the sidecar
-/// tenant header and fairgate's own request headers are removed.
+/// tenant header and fairgate's own control headers (every `x-fairgate-*`) are removed.
 pub fn for_upstream(headers: &mut HeaderMap, tenant_header: Option<&HeaderName>) {
     strip_hop_by_hop(headers);
     headers.remove(header::HOST);
     headers.remove(header::CONTENT_LENGTH);
     headers.remove(header::EXPECT);
     headers.remove(header::AUTHORIZATION);
-    headers.remove(crate::tenant::PRIORITY_HEADER);
+    let ours: Vec<HeaderName> = headers
+        .keys()
+        .filter(|k| k.as_str().starts_with("x-fairgate-"))
+        .cloned()
+        .collect();
+    for k in ours {
+        headers.remove(k);
+    }
     if let Some(h) = tenant_header {
         headers.remove(h);
     }
+}
+
+/// A sensitive `Bearer <key>` header value.
+pub fn bearer(key: &str) -> Option<HeaderValue> {
+    let mut v = HeaderValue::try_from(format!("Bearer {key}")).ok()?;
+    v.set_sensitive(true);
+    Some(v)
 }
 
 #[cfg(test)]

@@ -9,7 +9,6 @@
 //! `first_byte_timeout_ms` → 504, an upstream error status is passed through untouched.
 
 pub mod headers;
-pub mod idle;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -26,17 +25,10 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
 use crate::config::{ConfigError, UpstreamConfig};
+use crate::context::Ctx;
 use crate::error::ApiError;
+use crate::response::idle::IdleTimeout;
 use crate::response::ResponseBody;
-use crate::route::Route;
-use crate::tenant::Identity;
-
-/// Response header: milliseconds the request spent queued.
-pub const QUEUE_MS_HEADER: &str = "x-fairgate-queue-ms";
-
-/// Time the request spent in the fair queue; inserted by the queue layer (absent → 0).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct QueueMs(pub u64);
 
 /// One connection worker's client and authority (see [`Upstream`]).
 struct Lane {
@@ -61,7 +53,7 @@ pub struct Upstream {
     scheme: http::uri::Scheme,
     prefix: String,
     api_key: Option<HeaderValue>,
-    /// One lane per connection worker ([`crate::server::workers`]): a worker's requests use
+    /// One lane per connection worker ([`crate::worker`]): a worker's requests use
     /// its own pooled client (whose connection tasks run on its own runtime), and its own copy
     /// of what every request clones (the authority, the connector's shared state), so the
     /// reference counts of one worker's requests are not written by the others.
@@ -115,6 +107,9 @@ impl ApiError for Error {
             Error::BadPath => "invalid_path",
         }
     }
+    fn reason(&self) -> &'static str {
+        "upstream_error"
+    }
 }
 
 impl Upstream {
@@ -150,7 +145,7 @@ impl Upstream {
                     key: key("api_key_env"),
                     var: var.clone(),
                 })?;
-                Some(crate::tenant::bearer(&value).ok_or_else(|| {
+                Some(headers::bearer(&value).ok_or_else(|| {
                     invalid("api_key_env", format!("{var} is not a valid header value"))
                 })?)
             }
@@ -188,7 +183,7 @@ impl Upstream {
 
     /// This connection worker's lane.
     fn lane(&self) -> &Lane {
-        &self.lanes[crate::server::workers::current() % self.lanes.len()]
+        &self.lanes[crate::worker::current() % self.lanes.len()]
     }
 
     /// `base_url + (path without /v1) + ?query`.
@@ -238,36 +233,34 @@ fn client(connect_timeout: Duration, pool: usize) -> HttpClient {
 /// The innermost service: forwards to the routed upstream.
 #[derive(Clone)]
 pub struct Service {
+    upstreams: Arc<[Arc<Upstream>]>,
     tenant_header: Option<HeaderName>,
 }
 
 impl Service {
+    /// Forwards to `upstreams` (indexed like `[[upstreams]]`, as the context's route is);
     /// `tenant_header`: the sidecar header to strip, if configured.
-    pub fn new(tenant_header: Option<HeaderName>) -> Self {
-        Self { tenant_header }
+    pub fn new(upstreams: Arc<[Arc<Upstream>]>, tenant_header: Option<HeaderName>) -> Self {
+        Self {
+            upstreams,
+            tenant_header,
+        }
     }
 }
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 /// A copy of `req` holding what this stage reads — method, URI, version, headers, body, and the
-/// [`Route`], [`Identity`] and [`QueueMs`] extensions — for one more attempt of it (the retry
-/// stage). Cheaper than a full clone: the other extensions are not copied.
+/// request context — for one more attempt of it (the retry stage). Cheaper than a full clone:
+/// no other extension is copied.
 pub fn attempt(req: &Request<Bytes>) -> Request<Bytes> {
     let mut out = Request::new(req.body().clone());
     *out.method_mut() = req.method().clone();
     *out.uri_mut() = req.uri().clone();
     *out.version_mut() = req.version();
     *out.headers_mut() = req.headers().clone();
-    let (from, to) = (req.extensions(), out.extensions_mut());
-    if let Some(r) = from.get::<Route>() {
-        to.insert(r.clone());
-    }
-    if let Some(i) = from.get::<Identity>() {
-        to.insert(i.clone());
-    }
-    if let Some(q) = from.get::<QueueMs>() {
-        to.insert(*q);
+    if let Some(ctx) = req.extensions().get::<Ctx>() {
+        out.extensions_mut().insert(ctx.clone());
     }
     out
 }
@@ -282,18 +275,22 @@ impl tower::Service<Request<Bytes>> for Service {
     }
 
     fn call(&mut self, req: Request<Bytes>) -> Self::Future {
-        let (mut parts, body) = req.into_parts();
-        let ext = &parts.extensions;
-        let (Some(route), Some(identity)) = (ext.get::<Route>(), ext.get::<Identity>()) else {
-            return Box::pin(std::future::ready(Err(crate::Error::Internal(
-                "request reached upstream without route or identity",
-            ))));
+        let fail = |e: crate::Error| -> Self::Future { Box::pin(std::future::ready(Err(e))) };
+        let ctx = match crate::context::of(&req) {
+            Ok(ctx) => ctx,
+            Err(e) => return fail(e),
         };
-        let upstream = route.upstream.clone();
-        let queue_ms = ext.get::<QueueMs>().copied().unwrap_or_default();
+        let (route, identity) = match (ctx.route(), ctx.identity()) {
+            (Ok(r), Ok(i)) => (r, i),
+            (Err(e), _) | (_, Err(e)) => return fail(e),
+        };
+        let Some(upstream) = self.upstreams.get(route.pool).cloned() else {
+            return fail(crate::Error::internal("no upstream for the routed pool"));
+        };
+        let (mut parts, body) = req.into_parts();
         let uri = match upstream.target(&parts.uri) {
             Ok(uri) => uri,
-            Err(e) => return Box::pin(std::future::ready(Err(e.into()))),
+            Err(e) => return fail(e.into()),
         };
         let auth = identity
             .tenant
@@ -328,9 +325,7 @@ impl tower::Service<Request<Bytes>> for Service {
             };
             let (mut head, body) = res.into_parts();
             headers::strip_hop_by_hop(&mut head.headers);
-            head.headers
-                .insert(QUEUE_MS_HEADER, HeaderValue::from(queue_ms.0));
-            let body = ResponseBody::upstream(idle::IdleTimeout::new(body, upstream.idle_timeout));
+            let body = ResponseBody::upstream(IdleTimeout::new(body, upstream.idle_timeout));
             Ok(Response::from_parts(head, body))
         })
     }
@@ -362,18 +357,6 @@ mod tests {
         let t = u.target(&"/v1/embeddings".parse().unwrap()).unwrap();
         assert_eq!(t.to_string(), "http://127.0.0.1:9000/embeddings");
         assert!(u.target(&"/other".parse().unwrap()).is_err());
-    }
-
-    #[test]
-    fn router_first_match_wins() {
-        let a = Arc::new(upstream("http://a/v1"));
-        let mut b = upstream("http://b/v1");
-        b.name = "b".into();
-        b.models = vec!["*".into()];
-        let router = crate::route::Router::new(vec![a, Arc::new(b)]);
-        assert_eq!(router.route("gpt-4o").unwrap().index, 0);
-        assert_eq!(router.route("exact").unwrap().index, 0);
-        assert_eq!(router.route("claude").unwrap().index, 1);
     }
 
     #[test]

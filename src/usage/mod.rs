@@ -1,22 +1,27 @@
-//! Usage stage: observes a response body as it streams to the client, reads what it cost (the
-//! provider's `usage`, in JSON or in SSE events), and reconciles when the body ends or is
-//! dropped: the permit's actual cost (so the scheduler corrects the tenant's credit), the learned
-//! output estimate, and the estimate-error statistics.
+//! Usage stage (reconcile): observes a 2xx response body as it streams to the client, reads
+//! what it cost (the provider's `usage`, in JSON or in SSE events), and writes the context's
+//! `usage` when the body ends or is dropped; the learned output estimate and the
+//! estimate-error statistics are updated then too. The stages that settle a charge read the
+//! context's `usage` when their guard on the body drops: the fair-queue permit (the tenant's
+//! credit) and admission (the tenant's token buckets).
+//!
+//! Sits between `admission` and `queue`, so its body wraps the body the permit is attached
+//! to: the usage is always written before the permit is released.
 //!
 //! Invariants:
 //! - No buffering, no added latency: every frame is forwarded as soon as it arrives. JSON bodies
 //!   are copied aside as they pass, up to [`MAX_JSON_BYTES`], and parsed once at the end; SSE is
 //!   scanned line by line (`sse`), holding back at most the current partial line, and only when
 //!   a usage chunk must be removed.
-//! - Reconciliation happens exactly once — at end of stream, on an error frame, or in `Drop`
-//!   (client gone, upstream abort) — and always before the permit is released, so the release
-//!   reconciles the tenant's credit with the actual cost.
+//! - Reconciliation happens exactly once — at end of stream, on an error frame, or on drop
+//!   (client gone, upstream abort) — and always before the guards of the body below (the
+//!   permit) are released.
 //! - Actual cost = usage (input, output) with the estimator's weights; without usage, the counted
 //!   input and the generated text counted with the model's encoding (bounded like input counting;
-//!   more than [`INLINE_MAX_BYTES`] of text is counted on the blocking pool, which then releases
-//!   the permit). A JSON body without usage or text (over the cap, cut short) falls back to its
-//!   bytes / 4.
-//! - Responses that are not 2xx are not observed (the queue stage keeps the plain permit).
+//!   more than [`INLINE_MAX_BYTES`] of text is counted on the blocking pool, which keeps the
+//!   body's guards — the permit — until it is done). A JSON body without usage or text (over the
+//!   cap, cut short) falls back to its bytes / 4.
+//! - Responses that are not 2xx are not observed.
 
 pub mod extract;
 pub mod sse;
@@ -28,11 +33,10 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http_body::{Body as HttpBody, Frame, SizeHint};
 
-use crate::admission::ActualTokens;
-use crate::domain::Weight;
+use crate::context::{Ctx, Usage};
+use crate::domain::{Charge, Weight};
 use crate::estimate::{Encoding, Endpoint, Estimate, Estimator, OutputKey, INLINE_MAX_BYTES};
-use crate::queue::Permit;
-use crate::response::{BoxError, ResponseBody};
+use crate::response::{BoxError, Guard, ResponseBody};
 use extract::Tally;
 use sse::Scanner;
 
@@ -48,9 +52,7 @@ struct Ledger {
     encoding: Encoding,
     input: u64,
     model_weight: Weight,
-    permit: Permit,
-    /// Admission's record of the actual tokens (input + output), for the rate-limit ledger.
-    actual_tokens: Option<ActualTokens>,
+    ctx: Ctx,
 }
 
 enum Mode {
@@ -70,9 +72,19 @@ pin_project_lite::pin_project! {
         obs: Observer,
         ended: bool,
     }
+    impl PinnedDrop for Body {
+        fn drop(this: Pin<&mut Self>) {
+            // hyper may drop a body once its content-length is written, without polling its
+            // end. Runs before the fields drop: the usage is written before the inner body's
+            // guards (the permit) go.
+            let mut this = this.project();
+            let (_, work) = this.obs.end();
+            finish(work, this.inner.as_mut());
+        }
+    }
 }
 
-/// The observing state; reconciles in `Drop` if the body did not end.
+/// The observing state.
 struct Observer {
     mode: Mode,
     tally: Tally,
@@ -80,22 +92,33 @@ struct Observer {
     ledger: Option<Ledger>,
 }
 
-impl Drop for Observer {
-    fn drop(&mut self) {
-        // hyper may drop a body once its content-length is written, without polling its end.
-        self.end();
+/// Reconciliation too large to run inline.
+type Work = Box<dyn FnOnce() + Send>;
+
+/// Runs `work` on the blocking pool, holding `inner`'s guards until it is done.
+fn finish(work: Option<Work>, inner: Pin<&mut ResponseBody>) {
+    let Some(work) = work else {
+        return;
+    };
+    let guards: Vec<Guard> = inner.take_guards();
+    let job = move || {
+        work();
+        drop(guards);
+    };
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) => drop(h.spawn_blocking(job)),
+        Err(_) => job(),
     }
 }
 
 impl Body {
-    /// Observes `inner`, the 2xx response to a request with `estimate`; reconciles `permit`.
+    /// Observes `inner`, the 2xx response to the request of `ctx` with `estimate`.
     pub fn new(
         inner: ResponseBody,
         estimate: &Estimate,
         estimator: Arc<Estimator>,
-        permit: Permit,
+        ctx: Ctx,
         sse: bool,
-        actual_tokens: Option<ActualTokens>,
     ) -> Self {
         let strip = sse && estimate.strip_usage;
         let max_text = estimator.config().max_exact_bytes;
@@ -118,8 +141,7 @@ impl Body {
                 encoding: estimate.encoding,
                 input: estimate.input.tokens,
                 model_weight: estimate.model_weight,
-                permit,
-                actual_tokens,
+                ctx,
             }),
         };
         Self {
@@ -150,8 +172,9 @@ impl Observer {
         }
     }
 
-    /// Ends observation: returns bytes still held back (strip mode), reconciles. Idempotent.
-    fn end(&mut self) -> Bytes {
+    /// Ends observation: returns bytes still held back (strip mode), and reconciles (inline, or
+    /// the returned work for the blocking pool). Idempotent.
+    fn end(&mut self) -> (Bytes, Option<Work>) {
         let held = match &mut self.mode {
             Mode::Json { buf, over, .. } => {
                 let buf = std::mem::take(buf);
@@ -165,14 +188,11 @@ impl Observer {
                 scanner.finish(&mut |p| keep(tally, strip, p))
             }
         };
-        self.reconcile();
-        held
+        (held, self.reconcile())
     }
 
-    fn reconcile(&mut self) {
-        let Some(l) = self.ledger.take() else {
-            return;
-        };
+    fn reconcile(&mut self) -> Option<Work> {
+        let l = self.ledger.take()?;
         let usage = self.tally.usage;
         let json_bytes = match &self.mode {
             Mode::Json {
@@ -184,9 +204,11 @@ impl Observer {
         let extra = self.tally.extra_bytes;
         let big = usage.is_none() && text.len() > INLINE_MAX_BYTES;
         let work = move || reconcile(l, usage, text, extra, json_bytes);
-        match tokio::runtime::Handle::try_current() {
-            Ok(h) if big => drop(h.spawn_blocking(work)),
-            _ => work(),
+        if big {
+            Some(Box::new(work))
+        } else {
+            work();
+            None
         }
     }
 }
@@ -201,7 +223,7 @@ fn keep(tally: &mut Tally, strip: bool, payload: &[u8]) -> bool {
 }
 
 fn reconcile(
-    mut l: Ledger,
+    l: Ledger,
     usage: Option<extract::Usage>,
     text: String,
     extra_bytes: u64,
@@ -226,17 +248,18 @@ fn reconcile(
         counted.tokens + (extra_bytes as f64 / ratio.max(1.0)).ceil() as u64
     };
     let actual = l.estimator.actual_cost(input, output, l.model_weight);
-    l.permit.set_actual(actual);
-    if let Some(a) = &l.actual_tokens {
-        a.set(input, output);
-    }
+    l.ctx.set_usage(Usage {
+        tokens: Charge { input, output },
+        cost: actual,
+        reported: had_usage,
+    });
     if l.endpoint != Endpoint::Embeddings {
         l.estimator.record_output(&l.key, output);
     }
-    let charged = l.permit.charged();
-    l.estimator
-        .record_error(&l.key.tenant, charged, actual, had_usage);
-    drop(l.permit);
+    if let Some(d) = l.ctx.dispatch() {
+        l.estimator
+            .record_error(&l.key.tenant, d.charged, actual, had_usage);
+    }
 }
 
 impl HttpBody for Body {
@@ -265,12 +288,14 @@ impl HttpBody for Body {
                     Err(frame) => Poll::Ready(Some(Ok(frame))),
                 },
                 Poll::Ready(Some(Err(e))) => {
-                    this.obs.end();
+                    let (_, work) = this.obs.end();
+                    finish(work, this.inner.as_mut());
                     *this.ended = true;
                     Poll::Ready(Some(Err(e)))
                 }
                 Poll::Ready(None) => {
-                    let held = this.obs.end();
+                    let (held, work) = this.obs.end();
+                    finish(work, this.inner.as_mut());
                     *this.ended = true;
                     if held.is_empty() {
                         Poll::Ready(None)
@@ -293,4 +318,84 @@ impl HttpBody for Body {
             self.inner.size_hint()
         }
     }
+}
+
+/// Tower layer of the usage stage: holds the estimator it reconciles into.
+#[derive(Clone)]
+pub struct Layer(pub Arc<Estimator>);
+
+impl<S> tower::Layer<S> for Layer {
+    type Service = Service<S>;
+    fn layer(&self, inner: S) -> Service<S> {
+        Service {
+            estimator: self.0.clone(),
+            inner,
+        }
+    }
+}
+
+/// Tower service of the usage stage: wraps each 2xx response body in a [`Body`].
+#[derive(Clone)]
+pub struct Service<S> {
+    estimator: Arc<Estimator>,
+    inner: S,
+}
+
+impl<S> tower::Service<http::Request<Bytes>> for Service<S>
+where
+    S: tower::Service<
+            http::Request<Bytes>,
+            Response = http::Response<ResponseBody>,
+            Error = crate::Error,
+        > + Send,
+    S::Future: Send + 'static,
+{
+    type Response = http::Response<ResponseBody>;
+    type Error = crate::Error;
+    type Future = futures_util::future::BoxFuture<'static, Result<Self::Response, crate::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), crate::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<Bytes>) -> Self::Future {
+        let ctx = match crate::context::of(&req) {
+            Ok(ctx) => ctx,
+            Err(e) => return Box::pin(std::future::ready(Err(e))),
+        };
+        if let Err(e) = ctx.estimate() {
+            return Box::pin(std::future::ready(Err(e)));
+        }
+        let estimator = self.estimator.clone();
+        let fut = self.inner.call(req);
+        Box::pin(async move {
+            let res = fut.await?;
+            if !res.status().is_success() {
+                return Ok(res);
+            }
+            let estimate = ctx.estimate()?.clone();
+            Ok(observe(res, &estimate, estimator, ctx))
+        })
+    }
+}
+
+/// Wraps a 2xx response body in the usage observer.
+fn observe(
+    res: http::Response<ResponseBody>,
+    estimate: &Estimate,
+    estimator: Arc<Estimator>,
+    ctx: Ctx,
+) -> http::Response<ResponseBody> {
+    let (mut head, body) = res.into_parts();
+    let sse = head
+        .headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    if sse && estimate.strip_usage {
+        // Removing a chunk changes the length.
+        head.headers.remove(http::header::CONTENT_LENGTH);
+    }
+    let body = Body::new(body, estimate, estimator, ctx, sse);
+    http::Response::from_parts(head, ResponseBody::boxed(body))
 }

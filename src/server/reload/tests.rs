@@ -60,8 +60,8 @@ async fn pools_are_kept_by_name_and_reconfigured_in_place() {
     assert_eq!(weight(&state, 1, "b"), Some(1.0));
     assert!(state.tenants.tenants().all(|t| t.id != TenantId::new("b")));
     // Routing follows the new order and names.
-    assert_eq!(state.router.route("u-x").unwrap().index, 1);
-    assert_eq!(state.router.route("w-x").unwrap().index, 0);
+    assert_eq!(state.router.route("u-x").unwrap().pool, 1);
+    assert_eq!(state.router.route("w-x").unwrap().pool, 0);
     assert!(state.router.route("v-x").is_none());
     // Learned state is shared.
     assert!(Arc::ptr_eq(&state.estimator, &old.estimator));

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 
-use super::*;
 use crate::domain::{TenantId, Tokens, Weight};
+use crate::scheduler::*;
 
 /// Payload: (tenant index, cost).
 type Item = (usize, u64);

@@ -1,3 +1,6 @@
+//! The process log: the writer (here), the text format's field formatter ([`fields`]) and the
+//! timestamp ([`clock`]).
+//!
 //! Log output batched off the request path: [`Batched`] is the `MakeWriter` of the process's
 //! log subscriber. A request appends its formatted line to a shared buffer (one short mutex
 //! section, no syscall); a background thread writes the buffer to stdout every
@@ -13,6 +16,9 @@
 //! and counted, and the count is written out (as its own line) at the next flush, so a stalled
 //! stdout never stalls or grows the proxy. Lines are written whole and in order. Dropping the
 //! [`FlushGuard`] writes whatever is left.
+
+pub mod clock;
+pub mod fields;
 
 use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -5,9 +5,9 @@
 //! Retries: exponential backoff (`retry_backoff_ms × 2^attempt`, capped at
 //! `retry_backoff_max_ms`) with full jitter in its upper half, never shorter than the wait the
 //! upstream asked for (`Retry-After` & co), at most `max_retries`, and never past the request's
-//! deadline. Each extra attempt is charged to the tenant's token ledger (its estimate) and to its
-//! fair-queue credit (the cost charged at dispatch, via `queue::Surcharge`), and
-//! counted ([`RetryStats`]). A 429 that is finally passed to the client says
+//! deadline. Each extra attempt is charged to the tenant's token ledger (what admission charged)
+//! and to its fair-queue credit (the cost charged at dispatch, through the context's `retries`,
+//! which the permit reads when released), and counted ([`RetryStats`]). A 429 that is finally passed to the client says
 //! `x-fairgate-limit: upstream` and always carries a `Retry-After` (the upstream's, else the wait
 //! the next attempt would have had).
 //!
@@ -25,15 +25,10 @@ use http::{HeaderValue, Request, Response, StatusCode};
 use rand::Rng;
 
 use super::capacity::{upstream_wait, PoolCapacity};
-use super::deadline::Deadline;
-use super::error::{secs, LIMIT_HEADER};
-use super::rate::RateStore;
-use super::Estimate;
 use crate::config::AdmissionConfig;
-use crate::error::Error;
+use crate::error::{secs, Error, LIMIT_HEADER};
+use crate::ratelimit::RateStore;
 use crate::response::ResponseBody;
-use crate::route::Route;
-use crate::tenant::Identity;
 
 /// Retry policy, from `[admission]`.
 #[derive(Clone, Copy, Debug)]
@@ -77,16 +72,27 @@ pub struct RetryStats {
 }
 
 /// Shared by every clone of the retry service.
-pub(super) struct Shared {
+pub struct Shared {
+    /// Each pool's learned capacity, indexed like `[[upstreams]]`.
     pub capacity: Arc<[Arc<PoolCapacity>]>,
+    /// Where a retried attempt is charged.
     pub store: Arc<dyn RateStore>,
+    /// Backoff and attempts.
     pub policy: RetryPolicy,
+    /// Counters.
     pub stats: Arc<RetryStats>,
 }
 
 /// The layer: holds only an `Arc`.
 #[derive(Clone)]
-pub struct Layer(pub(super) Arc<Shared>);
+pub struct Layer(Arc<Shared>);
+
+impl Layer {
+    /// The retry stage over `shared`.
+    pub fn new(shared: Shared) -> Self {
+        Self(Arc::new(shared))
+    }
+}
 
 impl<S> tower::Layer<S> for Layer {
     type Service = Service<S>;
@@ -130,17 +136,15 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let shared = self.shared.clone();
         Box::pin(async move {
-            let ext = req.extensions();
-            let pool = ext
-                .get::<Route>()
-                .and_then(|r| shared.capacity.get(r.index).cloned());
-            let Some(pool) = pool else {
-                return inner.call(req).await;
-            };
-            let tenant = ext.get::<Identity>().map(|i| i.tenant.id.clone());
-            let estimate = ext.get::<Estimate>().copied();
-            let deadline = ext.get::<Deadline>().copied();
-            let surcharge = ext.get::<crate::queue::Surcharge>().cloned();
+            let ctx = crate::context::of(&req)?;
+            let pool = shared
+                .capacity
+                .get(ctx.route()?.pool)
+                .cloned()
+                .ok_or_else(|| Error::internal("no capacity controller for the routed pool"))?;
+            let tenant = ctx.identity()?.tenant.id.clone();
+            let admitted = *ctx.admitted()?;
+            let deadline = admitted.deadline;
             let mut attempt = 0;
             let mut req = Some(req);
             loop {
@@ -155,7 +159,7 @@ where
                         req = Some(r);
                         copy
                     }
-                    None => return Err(Error::Internal("retry past the last attempt")),
+                    None => return Err(Error::internal("retry past the last attempt")),
                 };
                 let mut result = ready.call(this).await;
                 let (status, wait) = match &result {
@@ -187,13 +191,13 @@ where
                 tokio::time::sleep(backoff).await;
                 attempt += 1;
                 shared.stats.retries.fetch_add(1, Ordering::Relaxed);
-                if let (Some(t), Some(e)) = (&tenant, estimate) {
-                    shared.store.charge(t, e.charge());
+                // The attempt is the tenant's load, not everyone's: charged to its buckets here
+                // and to its fair-queue credit when the permit is released (the context's
+                // `retries`).
+                if let Some(charge) = admitted.charged {
+                    shared.store.charge(&tenant, charge);
                 }
-                // And to its fair-queue credit: the attempt is the tenant's load, not everyone's.
-                if let Some(s) = &surcharge {
-                    s.charge_attempt();
-                }
+                ctx.add_retry();
             }
         })
     }

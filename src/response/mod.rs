@@ -1,4 +1,5 @@
-//! The one response body type that flows out of every stage: [`ResponseBody`].
+//! The one response body type that flows out of every stage: [`ResponseBody`]. A leaf: it
+//! imports no other module of the crate.
 //!
 //! It is either a small in-memory body (errors, `/v1/models`, health) or the upstream's body
 //! streamed frame by frame, never collected, with an idle timeout between frames. Any stage may
@@ -16,7 +17,9 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::combinators::UnsyncBoxBody;
 
-use crate::upstream::idle::IdleTimeout;
+pub mod idle;
+
+use idle::IdleTimeout;
 
 /// Boxed error type of response bodies.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -83,6 +86,12 @@ impl ResponseBody {
     /// Keeps `guard` alive until this body is dropped (end of stream, error or disconnect).
     pub fn attach(&mut self, guard: Guard) {
         self.guards.push(guard);
+    }
+
+    /// Takes the guards attached so far, for a wrapper that must keep them alive past this
+    /// body (e.g. `usage` counting a finished stream's text off-thread before the permit goes).
+    pub fn take_guards(self: Pin<&mut Self>) -> Vec<Guard> {
+        std::mem::take(self.project().guards)
     }
 }
 

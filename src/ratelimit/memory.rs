@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use super::bucket::{Bucket, TokioClock};
 use super::ledger::Ledger;
-use super::rate::{Budget, Charge, RateState, RateStore, Refusal};
+use super::{Budget, Charge, RateState, RateStore, Refusal};
 use crate::config::TenantLimits;
 use crate::domain::{TenantId, Tokens};
 

@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use super::*;
 use crate::domain::{TenantId, Tokens, Weight};
+use crate::scheduler::*;
 
 fn spec(weight: f64, cap: Option<u32>) -> TenantSpec {
     TenantSpec {

@@ -13,7 +13,7 @@ use governor::middleware::StateInformationMiddleware;
 use governor::state::{InMemoryState, NotKeyed};
 use governor::{Quota, RateLimiter};
 
-use super::rate::BucketState;
+use super::BucketState;
 
 /// governor's clock on tokio's time, so the limiter follows `tokio::time::pause()`.
 #[derive(Clone, Copy, Debug)]

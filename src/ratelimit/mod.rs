@@ -21,10 +21,18 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use crate::context::{BucketState, RateState};
+pub use crate::domain::Charge;
 use crate::domain::{TenantId, Tokens};
 
-pub use super::bucket::TokioClock;
-pub use super::memory::MemoryStore;
+mod bucket;
+pub mod headers;
+pub mod ledger;
+mod memory;
+
+pub use bucket::TokioClock;
+pub use headers::rate_headers;
+pub use memory::MemoryStore;
 
 /// One of a tenant's token budgets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,21 +74,7 @@ impl std::fmt::Display for Budget {
     }
 }
 
-/// What a request is charged, in raw tokens, by direction.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Charge {
-    /// Input (prompt) tokens.
-    pub input: u64,
-    /// Output (completion) tokens.
-    pub output: u64,
-}
-
 impl Charge {
-    /// Input plus output.
-    pub fn total(self) -> Tokens {
-        Tokens(self.input.saturating_add(self.output))
-    }
-
     /// The part `budget` counts.
     pub fn of(self, budget: Budget) -> Tokens {
         match budget {
@@ -89,26 +83,6 @@ impl Charge {
             Budget::Output => Tokens(self.output),
         }
     }
-}
-
-/// One bucket's state for the `x-ratelimit-*` headers.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct BucketState {
-    /// Bucket size.
-    pub limit: u64,
-    /// Cells left now (for a token bucket: including the ledger's credit, minus its debt).
-    pub remaining: u64,
-    /// Time until the bucket is full again.
-    pub reset: Duration,
-}
-
-/// A tenant's buckets (absent: no such limit).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct RateState {
-    /// The request bucket.
-    pub requests: Option<BucketState>,
-    /// The token buckets, indexed by [`Budget::index`].
-    pub tokens: [Option<BucketState>; 3],
 }
 
 impl RateState {

@@ -1,0 +1,234 @@
+//! The per-request context: what the stages of one request learn about it, each field written
+//! by exactly one stage and read by the stages after it (below it on the way in, above it on the
+//! way out).
+//!
+//! The outermost layer (`render`) creates one [`Context`] per request and puts the only handle,
+//! a [`Ctx`], in the request's extensions; every stage below reads it with [`of`]. Each field is
+//! a [`OnceLock`] with one writer, named beside it; the first write wins and a second write is a
+//! bug (asserted in debug builds). A stage that needs a field that is not there was placed above
+//! its writer: it gets [`Error::internal`] (a 500 and a log line), never a silent pass-through.
+//!
+//! Invariants: this module imports only `domain` and `error` (every stage imports it, so it can
+//! import no stage); the context holds no lock, no permit and no body: what must be released
+//! when a request ends is an RAII guard owned by the stage that took it.
+
+mod outcome;
+mod request;
+mod tenant;
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use tokio::time::Instant;
+
+use crate::error::Error;
+pub use outcome::{Admitted, BucketState, Deadline, Dispatch, RateState, Usage};
+pub use request::{Endpoint, Estimate, Input, Parsed, Route};
+pub use tenant::{Identity, Tenant};
+
+/// What one request's stages learn about it; see the module docs for the rules.
+#[derive(Debug)]
+pub struct Context {
+    /// When the request arrived. Writer: `render`, at creation.
+    started: Instant,
+    /// Who is calling. Writer: `tenant`.
+    identity: OnceLock<Identity>,
+    /// The parsed JSON body of a JSON endpoint. Writer: `body`.
+    request: OnceLock<Parsed>,
+    /// The upstream pool. Writer: `route`.
+    route: OnceLock<Route>,
+    /// The counted input and admission-time charge. Writer: `estimate`.
+    estimate: OnceLock<Estimate>,
+    /// The tenant's rate-limit buckets as admission charged (or refused) the request with.
+    /// Writer: `admission`.
+    rate: OnceLock<RateState>,
+    /// Admitted: the charge and deadline. Writer: `admission`.
+    admitted: OnceLock<Admitted>,
+    /// The fair queue's grant: time queued, cost charged. Writer: `queue`.
+    dispatch: OnceLock<Dispatch>,
+    /// Upstream attempts beyond the first. Writer: `feedback` (the retry stage).
+    retries: AtomicU32,
+    /// What the request actually cost, from the provider's usage (or the stated fallback).
+    /// Writer: `usage`.
+    usage: OnceLock<Usage>,
+}
+
+/// The handle to a request's [`Context`] (cheap to clone; in the request's extensions).
+#[derive(Clone, Debug)]
+pub struct Ctx(Arc<Context>);
+
+impl std::ops::Deref for Ctx {
+    type Target = Context;
+    fn deref(&self) -> &Context {
+        &self.0
+    }
+}
+
+impl Ctx {
+    /// A new, empty context for a request arriving now.
+    pub fn new() -> Self {
+        Self(Arc::new(Context {
+            started: Instant::now(),
+            identity: OnceLock::new(),
+            request: OnceLock::new(),
+            route: OnceLock::new(),
+            estimate: OnceLock::new(),
+            rate: OnceLock::new(),
+            admitted: OnceLock::new(),
+            dispatch: OnceLock::new(),
+            retries: AtomicU32::new(0),
+            usage: OnceLock::new(),
+        }))
+    }
+}
+
+impl Default for Ctx {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The context of `req`; its absence means `render` is not the outermost layer (a bug).
+pub fn of<B>(req: &http::Request<B>) -> Result<Ctx, Error> {
+    req.extensions()
+        .get::<Ctx>()
+        .cloned()
+        .ok_or_else(|| Error::internal("request context missing: `render` must be outermost"))
+}
+
+fn set<T: std::fmt::Debug>(cell: &OnceLock<T>, value: T, field: &'static str) {
+    let fresh = cell.set(value).is_ok();
+    debug_assert!(fresh, "context field `{field}` written twice");
+}
+
+/// Reads of a field; `Err` names the field and the stage that should have written it.
+macro_rules! required {
+    ($name:ident, $ty:ty, $writer:literal) => {
+        #[doc = concat!("The `", stringify!($name), "` field (written by `", $writer, "`); `Err` (a bug) if that stage has not run.")]
+        pub fn $name(&self) -> Result<&$ty, Error> {
+            self.$name.get().ok_or_else(|| {
+                Error::internal(concat!(
+                    "context field `", stringify!($name), "` missing: `", $writer,
+                    "` must run before this stage"
+                ))
+            })
+        }
+    };
+}
+
+impl Context {
+    required!(identity, Identity, "tenant");
+    required!(request, Parsed, "body");
+    required!(route, Route, "route");
+    required!(estimate, Estimate, "estimate");
+    required!(admitted, Admitted, "admission");
+
+    /// When the request arrived.
+    pub fn started(&self) -> Instant {
+        self.started
+    }
+
+    /// The identity, if `tenant` has run.
+    pub fn identity_if_known(&self) -> Option<&Identity> {
+        self.identity.get()
+    }
+
+    /// The parsed body, if this is a JSON endpoint and `body` has run.
+    pub fn request_if_parsed(&self) -> Option<&Parsed> {
+        self.request.get()
+    }
+
+    /// The estimate, if `estimate` has run.
+    pub fn estimate_if_counted(&self) -> Option<&Estimate> {
+        self.estimate.get()
+    }
+
+    /// The rate-limit state admission charged or refused the request with, if it did.
+    pub fn rate(&self) -> Option<RateState> {
+        self.rate.get().copied()
+    }
+
+    /// The fair queue's grant, once dispatched.
+    pub fn dispatch(&self) -> Option<&Dispatch> {
+        self.dispatch.get()
+    }
+
+    /// Upstream attempts beyond the first, so far.
+    pub fn retries(&self) -> u32 {
+        self.retries.load(Ordering::Relaxed)
+    }
+
+    /// The actual cost, once `usage` has reconciled the response.
+    pub fn usage(&self) -> Option<Usage> {
+        self.usage.get().copied()
+    }
+
+    /// Writer: `tenant`.
+    pub fn set_identity(&self, v: Identity) {
+        set(&self.identity, v, "identity");
+    }
+
+    /// Writer: `body`.
+    pub fn set_request(&self, v: Parsed) {
+        set(&self.request, v, "request");
+    }
+
+    /// Writer: `route`.
+    pub fn set_route(&self, v: Route) {
+        set(&self.route, v, "route");
+    }
+
+    /// Writer: `estimate`.
+    pub fn set_estimate(&self, v: Estimate) {
+        set(&self.estimate, v, "estimate");
+    }
+
+    /// Writer: `admission`.
+    pub fn set_rate(&self, v: RateState) {
+        set(&self.rate, v, "rate");
+    }
+
+    /// Writer: `admission`.
+    pub fn set_admitted(&self, v: Admitted) {
+        set(&self.admitted, v, "admitted");
+    }
+
+    /// Writer: `queue`.
+    pub fn set_dispatch(&self, v: Dispatch) {
+        set(&self.dispatch, v, "dispatch");
+    }
+
+    /// Writer: `feedback` (one more upstream attempt).
+    pub fn add_retry(&self) {
+        self.retries.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Writer: `usage`.
+    pub fn set_usage(&self, v: Usage) {
+        set(&self.usage, v, "usage");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_field_is_an_internal_error_naming_its_writer() {
+        let ctx = Ctx::new();
+        let e = ctx.route().unwrap_err();
+        assert_eq!(e.status(), 500);
+        assert!(e.to_string().contains("`route` must run"), "{e}");
+        ctx.set_route(Route { pool: 2 });
+        assert_eq!(ctx.route().unwrap().pool, 2);
+    }
+
+    #[test]
+    fn a_request_without_context_is_an_internal_error() {
+        let req = http::Request::new(());
+        assert_eq!(of(&req).unwrap_err().status(), 500);
+        let mut req = http::Request::new(());
+        req.extensions_mut().insert(Ctx::new());
+        assert!(of(&req).is_ok());
+    }
+}

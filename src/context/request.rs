@@ -1,0 +1,90 @@
+//! What the request asks for: its parsed body ([`Parsed`], by `body`), its pool ([`Route`], by
+//! `route`) and its counted cost ([`Estimate`], by `estimate`).
+
+use std::sync::Arc;
+
+use crate::domain::{Charge, Encoding, OutputKey, Weight};
+
+/// The parsed JSON request of a JSON endpoint.
+#[derive(Debug, Clone)]
+pub struct Parsed {
+    /// The requested model.
+    pub model: String,
+    /// `stream: true`.
+    pub stream: bool,
+    /// `stream_options.include_usage: true`.
+    pub include_usage: bool,
+    /// `max_tokens`, `max_completion_tokens` or `max_output_tokens`.
+    pub max_tokens: Option<u64>,
+    /// The whole document (kept once, shared).
+    pub value: Arc<serde_json::Value>,
+}
+
+/// The chosen upstream pool.
+#[derive(Debug, Clone, Copy)]
+pub struct Route {
+    /// Its index in `[[upstreams]]` (and in the pools' fair queues).
+    pub pool: usize,
+}
+
+/// Which endpoint a body is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `/v1/chat/completions`.
+    Chat,
+    /// `/v1/completions`.
+    Completions,
+    /// `/v1/embeddings` (no output).
+    Embeddings,
+    /// `/v1/responses`.
+    Responses,
+}
+
+impl Endpoint {
+    /// The endpoint of a request path, if it is one fairgate counts.
+    pub fn of_path(path: &str) -> Option<Self> {
+        Some(match path {
+            "/v1/chat/completions" => Endpoint::Chat,
+            "/v1/completions" => Endpoint::Completions,
+            "/v1/embeddings" => Endpoint::Embeddings,
+            "/v1/responses" => Endpoint::Responses,
+            _ => return None,
+        })
+    }
+}
+
+/// What counting a body found.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Input {
+    /// Input tokens.
+    pub tokens: u64,
+    /// Tool calls the request allows (for the tool budget).
+    pub tool_calls: u64,
+    /// Whether part of the count was extrapolated (hostile or huge text).
+    pub extrapolated: bool,
+}
+
+/// A request's estimate: the one the fair queue prices at dispatch, admission charges the
+/// tenant's buckets with, and `usage` reconciles against.
+#[derive(Clone, Debug)]
+pub struct Estimate {
+    /// The endpoint.
+    pub endpoint: Endpoint,
+    /// Counted input tokens.
+    pub input: Input,
+    /// The request's output cap, if any (0 for embeddings).
+    pub max_output_tokens: Option<u64>,
+    /// Whose output history applies.
+    pub key: OutputKey,
+    /// The model's cost weight.
+    pub model_weight: Weight,
+    /// The model's encoding (also used to count streamed output when usage never comes).
+    pub encoding: Encoding,
+    /// The response is SSE.
+    pub stream: bool,
+    /// Usage was asked for on the client's behalf: remove the usage-only chunk.
+    pub strip_usage: bool,
+    /// What the tenant's token buckets are charged at admission, in raw tokens: the counted
+    /// input, and the output cap or `[estimate] default_output_tokens`.
+    pub charge: Charge,
+}
