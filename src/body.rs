@@ -56,6 +56,9 @@ pub enum Error {
     /// The client stopped sending the body.
     #[error("failed to read request body")]
     Read,
+    /// The body made no progress for `[server] client_body_timeout_ms`.
+    #[error("{0}")]
+    Timeout(crate::server::body_timeout::BodyTimeout),
 }
 
 impl ApiError for Error {
@@ -63,6 +66,7 @@ impl ApiError for Error {
         match self {
             Error::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Error::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Error::Timeout(_) => StatusCode::REQUEST_TIMEOUT,
             _ => StatusCode::BAD_REQUEST,
         }
     }
@@ -76,6 +80,7 @@ impl ApiError for Error {
             Error::InvalidJson(_) | Error::NotAnObject => "invalid_json",
             Error::MissingModel => "missing_model",
             Error::Read => "invalid_body",
+            Error::Timeout(_) => "request_timeout",
         }
     }
 }
@@ -140,7 +145,10 @@ where
     match Limited::new(body, max).collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
         Err(e) if e.is::<LengthLimitError>() => Err(Error::TooLarge(max)),
-        Err(_) => Err(Error::Read),
+        Err(e) => match e.downcast_ref::<crate::server::body_timeout::BodyTimeout>() {
+            Some(t) => Err(Error::Timeout(*t)),
+            None => Err(Error::Read),
+        },
     }
 }
 

@@ -88,6 +88,7 @@ impl Error {
         let extra = match &self {
             Error::Queue(e) => e.headers(),
             Error::Admission(e) => e.headers(),
+            Error::Upstream(e) => e.headers(),
             _ => Vec::new(),
         };
         res.headers_mut().extend(extra);

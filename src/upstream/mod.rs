@@ -92,6 +92,9 @@ pub enum Error {
     /// The request path cannot be forwarded.
     #[error("invalid request path")]
     BadPath,
+    /// Connecting failed for lack of file descriptors (EMFILE/ENFILE): fairgate is overloaded.
+    #[error("fairgate is out of connections to upstream {0}; retry shortly")]
+    NoDescriptors(String),
 }
 
 impl ApiError for Error {
@@ -100,6 +103,7 @@ impl ApiError for Error {
             Error::Unavailable(_) | Error::Failed(_) => StatusCode::BAD_GATEWAY,
             Error::Timeout(..) => StatusCode::GATEWAY_TIMEOUT,
             Error::BadPath => StatusCode::BAD_REQUEST,
+            Error::NoDescriptors(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
     fn kind(&self) -> &'static str {
@@ -113,6 +117,15 @@ impl ApiError for Error {
             Error::Unavailable(_) | Error::Failed(_) => "upstream_unavailable",
             Error::Timeout(..) => "upstream_timeout",
             Error::BadPath => "invalid_path",
+            Error::NoDescriptors(_) => "overloaded",
+        }
+    }
+    fn headers(&self) -> Vec<(http::header::HeaderName, HeaderValue)> {
+        match self {
+            Error::NoDescriptors(_) => {
+                vec![(http::header::RETRY_AFTER, HeaderValue::from_static("1"))]
+            }
+            _ => Vec::new(),
         }
     }
 }
@@ -318,7 +331,9 @@ impl tower::Service<Request<Bytes>> for Service {
                 }
                 Ok(Err(e)) => {
                     tracing::warn!(upstream = %upstream.name, error = %e, "upstream request failed");
-                    return Err(if e.is_connect() {
+                    return Err(if crate::server::fdlimit::caused_by_exhaustion(&e) {
+                        Error::NoDescriptors(upstream.name.clone()).into()
+                    } else if e.is_connect() {
                         Error::Unavailable(upstream.name.clone()).into()
                     } else {
                         Error::Failed(upstream.name.clone()).into()
