@@ -159,6 +159,8 @@ pub struct Guard {
     registry: Arc<Registry>,
     /// The connection's shared state.
     pub entry: Arc<Entry>,
+    /// Whether admitting it asked an idle connection to close.
+    pub shed: bool,
 }
 
 impl Registry {
@@ -187,7 +189,8 @@ impl Registry {
             self.handles.refused_ip.increment(1);
             return Err(Refusal::PerIp);
         }
-        if inner.open - inner.shedding >= self.max {
+        let shed = inner.open - inner.shedding >= self.max;
+        if shed {
             if Self::shed_oldest(&mut inner, 1) == 0 {
                 drop(inner);
                 self.handles.refused_max.increment(1);
@@ -216,6 +219,7 @@ impl Registry {
         Ok(Guard {
             registry: self.clone(),
             entry,
+            shed,
         })
     }
 

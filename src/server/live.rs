@@ -11,6 +11,9 @@
 //! cache when the generation in force changes; the cache holds its generation, so an idle
 //! thread keeps a replaced generation alive until its next request.
 //!
+//! Each request body is wrapped in a [`TimedBody`] with the `client_body_timeout_ms` of the
+//! generation in force when the request arrived (see `server::body_timeout`).
+//!
 //! Invariants: a request never mixes two generations (routing indices, pools and metrics stay
 //! consistent); requests already in flight keep their generation alive until they finish; no
 //! lock is held across `.await` (reloads are serialised by a std mutex held only inside the

@@ -217,6 +217,7 @@ async fn accept_loop(
                     drop(stream);
                     continue;
                 };
+                let shed = guard.shed;
                 let _ = stream.set_nodelay(true);
                 let (conns, stop) = (conns.clone(), stop.clone());
                 tasks.spawn(async move {
@@ -239,6 +240,11 @@ async fn accept_loop(
                         tracing::debug!(error = %e, "connection ended with an error");
                     }
                 });
+                if shed {
+                    // Let the connection just shed close (its descriptor is freed when its task
+                    // runs) before accepting more: a burst must not outrun the shedding.
+                    tokio::task::yield_now().await;
+                }
             }
         }
     }

@@ -5,7 +5,8 @@
 //! `authorization` sent is the tenant's own provider key, else the upstream's, else none.
 //! Invariants: the tenant's key never goes upstream; the response body is never collected — it
 //! is [`ResponseBody::upstream`], polled only as fast as the client reads, and dropping it
-//! cancels the upstream request; connect failure → 502, no response head within
+//! cancels the upstream request; connect failure → 502 (503 with `Retry-After` when fairgate
+//! is out of file descriptors), no response head within
 //! `first_byte_timeout_ms` → 504, an upstream error status is passed through untouched.
 
 pub mod headers;
@@ -403,5 +404,12 @@ mod tests {
             e.starts_with("upstreams[2].api_key_env") && e.contains("NOPE_X"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn out_of_descriptors_is_a_503_with_retry_after() {
+        let res = crate::Error::from(Error::NoDescriptors("u".into())).into_response();
+        assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(res.headers()[http::header::RETRY_AFTER], "1");
     }
 }
