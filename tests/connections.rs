@@ -3,6 +3,9 @@
 //! descriptor limit keeping a victim tenant served through a flood of idle connections.
 //!
 //! Every wait is bounded in count and time; assertions are on statuses and counts only.
+//! Linux only: a second client address is 127.0.0.2 (all of 127/8 is loopback there), and the
+//! descriptor limit is lowered with `setrlimit` in the spawned child.
+#![cfg(target_os = "linux")]
 
 mod common;
 
