@@ -22,6 +22,7 @@ pub mod demo;
 pub mod domain;
 pub mod error;
 pub mod estimate;
+pub mod fdlimit;
 pub mod feedback;
 pub mod health;
 pub mod log;

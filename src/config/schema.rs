@@ -166,6 +166,19 @@ pub struct ServerConfig {
     /// Threads serving client connections, each with its own single-threaded runtime and
     /// accept loop (absent: one per CPU core).
     pub workers: Option<usize>,
+    /// A request body that delivers no data for this long is answered 408, ms.
+    pub client_body_timeout_ms: u64,
+    /// An idle connection (no request in flight) is closed after this long, ms.
+    pub keepalive_timeout_ms: u64,
+    /// Client connections open at once on the main listener (absent: derived from the
+    /// descriptor limit, see `fdlimit`).
+    pub max_connections: Option<usize>,
+    /// Client connections open at once from one IP address (absent: unlimited).
+    pub max_connections_per_ip: Option<u32>,
+    /// Concurrent h2 streams per connection.
+    pub http2_max_concurrent_streams: u32,
+    /// h2 keep-alive ping interval (and time allowed for its answer), ms.
+    pub http2_keepalive_interval_ms: u64,
 }
 
 impl Default for ServerConfig {
@@ -177,6 +190,12 @@ impl Default for ServerConfig {
             shutdown_grace_ms: 30_000,
             tls: None,
             workers: None,
+            client_body_timeout_ms: 60_000,
+            keepalive_timeout_ms: 75_000,
+            max_connections: None,
+            max_connections_per_ip: None,
+            http2_max_concurrent_streams: 128,
+            http2_keepalive_interval_ms: 20_000,
         }
     }
 }

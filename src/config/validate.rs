@@ -28,6 +28,29 @@ fn env_name(key: String, var: &Option<String>) -> Result<(), ConfigError> {
     }
 }
 
+/// `[server]` connection limits: every timeout and cap is positive.
+fn validate_connections(s: &super::ServerConfig) -> Result<(), ConfigError> {
+    for (k, v) in [
+        ("client_body_timeout_ms", s.client_body_timeout_ms),
+        ("keepalive_timeout_ms", s.keepalive_timeout_ms),
+        ("http2_keepalive_interval_ms", s.http2_keepalive_interval_ms),
+        (
+            "http2_max_concurrent_streams",
+            u64::from(s.http2_max_concurrent_streams),
+        ),
+        ("max_connections", s.max_connections.map_or(1, |n| n as u64)),
+        (
+            "max_connections_per_ip",
+            s.max_connections_per_ip.map_or(1, u64::from),
+        ),
+    ] {
+        if v == 0 {
+            return Err(invalid(format!("server.{k}"), "must be > 0"));
+        }
+    }
+    Ok(())
+}
+
 /// Admission limits of one plan or tenant: rates, caps and burst must be > 0 when set.
 fn limits(
     prefix: &str,
@@ -128,6 +151,7 @@ pub fn validate(c: &Config) -> Result<(), ConfigError> {
     if c.server.max_body_bytes == 0 {
         return Err(invalid("server.max_body_bytes", "must be > 0"));
     }
+    validate_connections(&c.server)?;
     validate_estimate(c)?;
     if let Some(cluster) = &c.cluster {
         super::cluster::validate(cluster)?;

@@ -192,6 +192,28 @@ impl Metrics {
         self.recorder.register_gauge(&Key::from_name(name), &META)
     }
 
+    /// A gauge with one label in this registry, set by its owner (e.g.
+    /// `fairgate_connections{state}`).
+    pub fn labeled_gauge(
+        &self,
+        name: &'static str,
+        key: &'static str,
+        value: &'static str,
+    ) -> Gauge {
+        self.gauge(name, key, SharedString::const_str(value))
+    }
+
+    /// A counter with one label in this registry, counted by its owner (e.g.
+    /// `fairgate_connections_refused_total{reason}`).
+    pub fn labeled_counter(
+        &self,
+        name: &'static str,
+        key: &'static str,
+        value: &'static str,
+    ) -> Counter {
+        self.counter(name, key, SharedString::const_str(value))
+    }
+
     fn gauge(&self, name: &'static str, key: &'static str, value: SharedString) -> Gauge {
         let key = Key::from_parts(name, vec![Label::new(key, value)]);
         self.recorder.register_gauge(&key, &META)

@@ -62,6 +62,20 @@ pub fn pin_restart_only(old: &Config, new: &mut Config) -> Vec<&'static str> {
     pin!(server.tls, "server.tls");
     pin!(server.shutdown_grace_ms, "server.shutdown_grace_ms");
     pin!(server.workers, "server.workers");
+    pin!(server.keepalive_timeout_ms, "server.keepalive_timeout_ms");
+    pin!(server.max_connections, "server.max_connections");
+    pin!(
+        server.max_connections_per_ip,
+        "server.max_connections_per_ip"
+    );
+    pin!(
+        server.http2_max_concurrent_streams,
+        "server.http2_max_concurrent_streams"
+    );
+    pin!(
+        server.http2_keepalive_interval_ms,
+        "server.http2_keepalive_interval_ms"
+    );
     pin!(admin.listen, "admin.listen");
     pin!(scheduler.policy, "scheduler.policy");
     pin!(estimate, "estimate");

@@ -11,6 +11,9 @@
 //! cache when the generation in force changes; the cache holds its generation, so an idle
 //! thread keeps a replaced generation alive until its next request.
 //!
+//! Each request body is wrapped in a [`TimedBody`] with the `client_body_timeout_ms` of the
+//! generation in force when the request arrived (see `body::timeout`).
+//!
 //! Invariants: a request never mixes two generations (routing indices, pools and metrics stay
 //! consistent); requests already in flight keep their generation alive until they finish; no
 //! lock is held across `.await` (reloads are serialised by a std mutex held only inside the
@@ -21,6 +24,7 @@ use std::convert::Infallible;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll, Waker};
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use futures_util::future::{BoxFuture, Either};
@@ -32,10 +36,15 @@ use tower::{Service as _, ServiceExt};
 use super::diff::Changes;
 use super::reload::ReloadError;
 use super::{ops, stack, State};
+use crate::body::timeout::TimedBody;
 use crate::config::Config;
 use crate::response::ResponseBody;
 
-type HttpStack = BoxCloneSyncService<Request<Incoming>, Response<ResponseBody>, Infallible>;
+/// The request body the stacks read: hyper's, cut after `[server] client_body_timeout_ms`
+/// without progress (the timeout of the generation in force when the request arrived).
+pub type Timed = TimedBody<Incoming>;
+
+type HttpStack = BoxCloneSyncService<Request<Timed>, Response<ResponseBody>, Infallible>;
 
 /// One configuration generation: its state and the stacks built from it.
 pub struct Generation {
@@ -49,8 +58,8 @@ impl Generation {
     fn new(state: State) -> Self {
         Self {
             stacks: [
-                BoxCloneSyncService::new(stack::<Incoming>(&state)),
-                BoxCloneSyncService::new(ops::stack::<Incoming>(&state)),
+                BoxCloneSyncService::new(stack::<Timed>(&state)),
+                BoxCloneSyncService::new(ops::stack::<Timed>(&state)),
             ],
             state,
         }
@@ -166,11 +175,12 @@ type StackFuture = BoxFuture<'static, Result<Response<ResponseBody>, Infallible>
 impl hyper::service::Service<Request<Incoming>> for LiveService {
     type Response = Response<ResponseBody>;
     type Error = Infallible;
-    type Future = Either<StackFuture, Oneshot<HttpStack, Request<Incoming>>>;
+    type Future = Either<StackFuture, Oneshot<HttpStack, Request<Timed>>>;
 
     fn call(&self, req: Request<Incoming>) -> Self::Future {
         let generation = self.live.current.load();
-        let mut req = Some(req);
+        let timeout = Duration::from_millis(generation.state.config.server.client_body_timeout_ms);
+        let mut req = Some(req.map(|body| TimedBody::new(body, timeout)));
         let in_place = CACHED.with(|cell| {
             let mut cell = cell.try_borrow_mut().ok()?;
             if !cell

@@ -7,6 +7,8 @@
 //! on shutdown the server stops accepting, `/readyz` turns 503, in-flight requests and streams
 //! get up to `shutdown_grace_ms` to finish, and whatever is left after that is aborted.
 
+mod connection;
+pub mod connections;
 pub mod diff;
 pub mod live;
 pub mod ops;
@@ -313,17 +315,9 @@ async fn start_on(
     let admission = state.admission.clone();
     let estimator = state.estimator.clone();
     let live = Live::new(state.clone(), path);
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(Duration::from_secs(30));
     let conns = workers::Conns {
-        builder,
-        service: live::LiveService::new(live.clone(), false),
         tls,
-        grace: Duration::from_millis(state.config.server.shutdown_grace_ms),
-        ready: state.ready.clone(),
+        ..connection_limits(&state, live.clone(), listeners.len())
     };
     let (stop, stopped) = watch::channel(false);
     let done = workers::spawn(listeners, &conns, &stopped)?;
@@ -356,9 +350,50 @@ async fn start_on(
     })
 }
 
+/// How the workers serve connections: hyper's HTTP/1.1 + h2 settings and the connection caps.
+fn connection_limits(state: &State, live: Arc<Live>, workers: usize) -> workers::Conns {
+    let server = &state.config.server;
+    let keepalive = Duration::from_millis(server.keepalive_timeout_ms);
+    let ping = Duration::from_millis(server.http2_keepalive_interval_ms);
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    // hyper's header-read timer also runs while an HTTP/1.1 connection waits for its next
+    // request: one timer bounds both the keep-alive wait and a slow request head.
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(keepalive);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(ping)
+        .keep_alive_timeout(ping)
+        .max_concurrent_streams(server.http2_max_concurrent_streams);
+    let nofile = crate::fdlimit::current().map_or(1024, |n| n.soft);
+    let max = server
+        .max_connections
+        .unwrap_or_else(|| crate::fdlimit::default_max_connections(&state.config, workers, nofile));
+    tracing::info!(
+        max_connections = max,
+        max_connections_per_ip = ?server.max_connections_per_ip,
+        descriptors = nofile,
+        "connection limits"
+    );
+    let handles = connections::Handles::register(&state.metrics);
+    workers::Conns {
+        builder,
+        service: live::LiveService::new(live, false),
+        tls: None,
+        grace: Duration::from_millis(server.shutdown_grace_ms),
+        ready: state.ready.clone(),
+        registry: connections::Registry::new(max, server.max_connections_per_ip, handles),
+        keepalive,
+    }
+}
+
 /// `fairgate serve`: binds `[server] listen`, serves until SIGTERM/SIGINT, then drains. With
 /// `path` (the file `config` was loaded from), SIGHUP reloads it.
 pub async fn run(config: Config, path: Option<PathBuf>) -> Result<(), StartError> {
+    crate::fdlimit::raise();
     let listeners = workers::bind(config.server.listen, workers::count(&config.server)).await?;
     let reloadable = path.is_some();
     let handle = start_on(config, path, listeners).await?;

@@ -77,7 +77,11 @@ pub(super) fn spawn(live: Arc<Live>, listener: TcpListener, mut stopped: watch::
                 biased;
                 _ = async { let _ = stopped.wait_for(|s| *s).await; } => break,
                 accepted = listener.accept() => {
-                    let Ok((stream, _)) = accepted else { continue };
+                    let Ok((stream, _)) = accepted else {
+                        // Out of descriptors, most likely: pause rather than spin.
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                        continue;
+                    };
                     let (builder, service) = (builder.clone(), service.clone());
                     tokio::spawn(async move {
                         let _ = builder.serve_connection(TokioIo::new(stream), service).await;

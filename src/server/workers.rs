@@ -12,23 +12,29 @@
 //!   an already bound listener (tests, embedding) is shared by duplicating its descriptor.
 //! - On stop every worker stops accepting, drains its connections for at most the grace period,
 //!   aborts the rest, and reports done; the server has stopped when every worker has.
+//! - Every accepted connection passes [`Registry::admit`] before anything else is done with it,
+//!   and holds its place until its task ends; a failed `accept` never spins (see
+//!   [`accept_loop`]).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioExecutor;
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinSet;
+use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
 use crate::config::ServerConfig;
 
+use super::connection;
+use super::connections::Registry;
 use super::live::LiveService;
+use crate::fdlimit::{self, AcceptErrors};
 
 /// How many workers `server` asks for (`workers`, else one per CPU core).
 pub fn count(server: &ServerConfig) -> usize {
@@ -88,6 +94,10 @@ pub struct Conns {
     pub grace: Duration,
     /// `/readyz`: cleared when stopping.
     pub ready: Arc<AtomicBool>,
+    /// Open connections and their caps (shared by every worker).
+    pub registry: Arc<Registry>,
+    /// `[server] keepalive_timeout_ms`.
+    pub keepalive: Duration,
 }
 
 /// Starts one worker thread per listener; each answers on its receiver when it has stopped.
@@ -150,16 +160,24 @@ async fn keep_timer_armed() {
 /// See [`keep_timer_armed`]: shorter than every request timeout, long enough to cost nothing.
 const TICK: Duration = Duration::from_millis(500);
 
+/// Pause after a failed `accept` (no busy loop while descriptors are short).
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(20);
+
+/// Idle connections shed per `accept` that failed for lack of descriptors.
+const SHED_ON_EXHAUSTION: usize = 16;
+
 /// Accepts and serves connections until `stop` turns true (or its sender is dropped), then
-/// drains for at most `conns.grace`.
+/// drains for at most `conns.grace`. A connection over a cap is closed as soon as accepted
+/// (see [`super::connections`]); when `accept` fails for lack of descriptors the loop sheds
+/// the oldest idle connections, pauses, and logs the failures once per interval.
 async fn accept_loop(
     worker: usize,
     listener: TcpListener,
     conns: Conns,
     mut stop: watch::Receiver<bool>,
 ) {
-    let graceful = GracefulShutdown::new();
     let mut tasks = JoinSet::new();
+    let mut errors = AcceptErrors::default();
     let _tick = tokio::spawn(keep_timer_armed());
     loop {
         tokio::select! {
@@ -167,24 +185,36 @@ async fn accept_loop(
             _ = async { let _ = stop.wait_for(|s| *s).await; } => break,
             Some(_) = tasks.join_next() => {}
             accepted = listener.accept() => {
-                let (stream, _peer) = match accepted {
+                let (stream, peer) = match accepted {
                     Ok(a) => a,
                     Err(e) => {
-                        tracing::warn!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        let exhausted = fdlimit::is_exhaustion(&e);
+                        let shed = if exhausted {
+                            conns.registry.shed_idle(SHED_ON_EXHAUSTION)
+                        } else {
+                            0
+                        };
+                        if let Some(count) = errors.note(Instant::now()) {
+                            tracing::warn!(worker, error = %e, count, shed, exhausted,
+                                open = conns.registry.open(), "accept failed");
+                        }
+                        tokio::time::sleep(ACCEPT_BACKOFF).await;
                         continue;
                     }
                 };
+                // Over a cap: closed before a byte is read (counted by the registry).
+                let Ok(guard) = conns.registry.admit(peer.ip()) else {
+                    drop(stream);
+                    continue;
+                };
+                let shed = guard.shed;
                 let _ = stream.set_nodelay(true);
-                let (builder, service, watcher) =
-                    (conns.builder.clone(), conns.service.clone(), graceful.watcher());
-                let tls = conns.tls.clone();
+                let (conns, stop) = (conns.clone(), stop.clone());
                 tasks.spawn(async move {
-                    let result = match tls {
-                        None => {
-                            let conn = builder.serve_connection(TokioIo::new(stream), service);
-                            watcher.watch(conn).await
-                        }
+                    let entry = guard.entry.clone();
+                    let (b, svc, keepalive) = (&conns.builder, conns.service, conns.keepalive);
+                    let result = match conns.tls {
+                        None => connection::serve(b, stream, svc, entry, keepalive, stop).await,
                         Some(acceptor) => {
                             let handshake = acceptor.accept(stream);
                             let Ok(Ok(stream)) =
@@ -192,24 +222,35 @@ async fn accept_loop(
                             else {
                                 return;
                             };
-                            let conn = builder.serve_connection(TokioIo::new(stream), service);
-                            watcher.watch(conn).await
+                            connection::serve(b, stream, svc, entry, keepalive, stop).await
                         }
                     };
+                    drop(guard);
                     if let Err(e) = result {
                         tracing::debug!(error = %e, "connection ended with an error");
                     }
                 });
+                if shed {
+                    // Let the connection just shed close (its descriptor is freed when its task
+                    // runs) before accepting more: a burst must not outrun the shedding.
+                    tokio::task::yield_now().await;
+                }
             }
         }
     }
     conns.ready.store(false, Ordering::Release);
     drop(listener);
     tracing::info!(worker, connections = tasks.len(), "shutting down: draining");
-    tokio::select! {
-        _ = graceful.shutdown() => tracing::info!(worker, "drained"),
-        _ = tokio::time::sleep(conns.grace) => {
-            tracing::warn!(worker, connections = tasks.len(), "grace period over: aborting");
+    // Every connection saw `stop` and is closing gracefully; wait for them, within the grace.
+    let drained = async { while tasks.join_next().await.is_some() {} };
+    match tokio::time::timeout(conns.grace, drained).await {
+        Ok(()) => tracing::info!(worker, "drained"),
+        Err(_) => {
+            tracing::warn!(
+                worker,
+                connections = tasks.len(),
+                "grace period over: aborting"
+            );
         }
     }
     tasks.shutdown().await;

@@ -5,7 +5,8 @@
 //! `authorization` sent is the tenant's own provider key, else the upstream's, else none.
 //! Invariants: the tenant's key never goes upstream; the response body is never collected — it
 //! is [`ResponseBody::upstream`], polled only as fast as the client reads, and dropping it
-//! cancels the upstream request; connect failure → 502, no response head within
+//! cancels the upstream request; connect failure → 502 (503 with `Retry-After` when fairgate
+//! is out of file descriptors), no response head within
 //! `first_byte_timeout_ms` → 504, an upstream error status is passed through untouched.
 
 pub mod headers;
@@ -84,6 +85,9 @@ pub enum Error {
     /// The request path cannot be forwarded.
     #[error("invalid request path")]
     BadPath,
+    /// Connecting failed for lack of file descriptors (EMFILE/ENFILE): fairgate is overloaded.
+    #[error("fairgate is out of connections to upstream {0}; retry shortly")]
+    NoDescriptors(String),
 }
 
 impl ApiError for Error {
@@ -92,6 +96,7 @@ impl ApiError for Error {
             Error::Unavailable(_) | Error::Failed(_) => StatusCode::BAD_GATEWAY,
             Error::Timeout(..) => StatusCode::GATEWAY_TIMEOUT,
             Error::BadPath => StatusCode::BAD_REQUEST,
+            Error::NoDescriptors(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
     fn kind(&self) -> &'static str {
@@ -105,6 +110,15 @@ impl ApiError for Error {
             Error::Unavailable(_) | Error::Failed(_) => "upstream_unavailable",
             Error::Timeout(..) => "upstream_timeout",
             Error::BadPath => "invalid_path",
+            Error::NoDescriptors(_) => "overloaded",
+        }
+    }
+    fn headers(&self) -> Vec<(http::header::HeaderName, HeaderValue)> {
+        match self {
+            Error::NoDescriptors(_) => {
+                vec![(http::header::RETRY_AFTER, HeaderValue::from_static("1"))]
+            }
+            _ => Vec::new(),
         }
     }
     fn reason(&self) -> &'static str {
@@ -315,7 +329,9 @@ impl tower::Service<Request<Bytes>> for Service {
                 }
                 Ok(Err(e)) => {
                     tracing::warn!(upstream = %upstream.name, error = %e, "upstream request failed");
-                    return Err(if e.is_connect() {
+                    return Err(if crate::fdlimit::caused_by_exhaustion(&e) {
+                        Error::NoDescriptors(upstream.name.clone()).into()
+                    } else if e.is_connect() {
                         Error::Unavailable(upstream.name.clone()).into()
                     } else {
                         Error::Failed(upstream.name.clone()).into()
@@ -371,5 +387,15 @@ mod tests {
             e.starts_with("upstreams[2].api_key_env") && e.contains("NOPE_X"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn out_of_descriptors_is_a_503_with_retry_after() {
+        let e = crate::Error::from(Error::NoDescriptors("u".into()));
+        assert_eq!(e.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let headers = e.all_headers();
+        assert!(headers
+            .iter()
+            .any(|(k, v)| k == http::header::RETRY_AFTER && v == "1"));
     }
 }

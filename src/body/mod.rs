@@ -9,6 +9,8 @@
 //! re-serialize it in one case only: the estimate stage asks for `stream_options.include_usage`
 //! on behalf of a streaming client that did not.
 
+pub mod timeout;
+
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -44,6 +46,9 @@ pub enum Error {
     /// The client stopped sending the body.
     #[error("failed to read request body")]
     Read,
+    /// The body made no progress for `[server] client_body_timeout_ms`.
+    #[error("{0}")]
+    Timeout(timeout::BodyTimeout),
 }
 
 impl ApiError for Error {
@@ -51,6 +56,7 @@ impl ApiError for Error {
         match self {
             Error::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Error::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Error::Timeout(_) => StatusCode::REQUEST_TIMEOUT,
             _ => StatusCode::BAD_REQUEST,
         }
     }
@@ -64,10 +70,14 @@ impl ApiError for Error {
             Error::InvalidJson(_) | Error::NotAnObject => "invalid_json",
             Error::MissingModel => "missing_model",
             Error::Read => "invalid_body",
+            Error::Timeout(_) => "request_timeout",
         }
     }
     fn reason(&self) -> &'static str {
-        "bad_request"
+        match self {
+            Error::Timeout(_) => "body_timeout",
+            _ => "bad_request",
+        }
     }
 }
 
@@ -131,7 +141,10 @@ where
     match Limited::new(body, max).collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
         Err(e) if e.is::<LengthLimitError>() => Err(Error::TooLarge(max)),
-        Err(_) => Err(Error::Read),
+        Err(e) => match e.downcast_ref::<timeout::BodyTimeout>() {
+            Some(t) => Err(Error::Timeout(*t)),
+            None => Err(Error::Read),
+        },
     }
 }
 

@@ -1,0 +1,150 @@
+//! Serving one client connection of the main listener within its limits.
+//!
+//! [`serve`] runs hyper's auto (HTTP/1.1 + h2) connection with a [`Tracked`] service, which
+//! marks the connection busy from each request's arrival until its response body is dropped.
+//! The connection is closed gracefully (h1: after the response in flight, at once when idle;
+//! h2: GOAWAY, open streams finish) when it has been idle for `[server] keepalive_timeout_ms`,
+//! when the registry sheds it, or when the server stops.
+//!
+//! Invariants: graceful shutdown is started at most once; the idle timer is re-armed only when
+//! it fires (a request costs two atomic updates, not a timer update); a 408 on HTTP/1 carries
+//! `Connection: close` (the rest of that body is never read).
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::{header, HeaderValue, Request, Response, StatusCode, Version};
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::connections::{Busy, Entry};
+use super::live::LiveService;
+use crate::response::ResponseBody;
+
+/// Serves `io` until the connection ends: see the module docs.
+pub async fn serve<I>(
+    builder: &auto::Builder<TokioExecutor>,
+    io: I,
+    service: LiveService,
+    entry: Arc<Entry>,
+    keepalive: Duration,
+    mut stop: watch::Receiver<bool>,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>>
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let tracked = Tracked {
+        inner: service,
+        entry: entry.clone(),
+    };
+    let conn = builder.serve_connection(TokioIo::new(io), tracked);
+    tokio::pin!(conn);
+    let mut closing = false;
+    loop {
+        let deadline = entry
+            .idle_deadline(keepalive)
+            .unwrap_or_else(|| Instant::now() + keepalive);
+        tokio::select! {
+            result = conn.as_mut() => return result,
+            _ = stop.wait_for(|s| *s), if !closing => {}
+            _ = entry.shed_requested(), if !closing => {}
+            _ = tokio::time::sleep_until(deadline), if !closing => {
+                if entry.idle_deadline(keepalive).is_none_or(|d| d > Instant::now()) {
+                    continue;
+                }
+            }
+        }
+        closing = true;
+        conn.as_mut().graceful_shutdown();
+    }
+}
+
+/// The per-connection service: the listener's service, with the connection marked busy while a
+/// request (and its response body) is in flight.
+struct Tracked {
+    inner: LiveService,
+    entry: Arc<Entry>,
+}
+
+impl hyper::service::Service<Request<Incoming>> for Tracked {
+    type Response = Response<TrackedBody>;
+    type Error = Infallible;
+    type Future =
+        TrackedFuture<<LiveService as hyper::service::Service<Request<Incoming>>>::Future>;
+
+    fn call(&self, req: Request<Incoming>) -> Self::Future {
+        let busy = self.entry.begin();
+        let h1 = req.version() < Version::HTTP_2;
+        TrackedFuture {
+            inner: self.inner.call(req),
+            busy: Some(busy),
+            h1,
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The response future of [`Tracked`].
+    pub struct TrackedFuture<F> {
+        #[pin]
+        inner: F,
+        busy: Option<Busy>,
+        h1: bool,
+    }
+}
+
+impl<F> Future for TrackedFuture<F>
+where
+    F: Future<Output = Result<Response<ResponseBody>, Infallible>>,
+{
+    type Output = Result<Response<TrackedBody>, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let Ok(mut res) = std::task::ready!(this.inner.poll(cx));
+        if *this.h1 && res.status() == StatusCode::REQUEST_TIMEOUT {
+            res.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        let busy = this.busy.take();
+        Poll::Ready(Ok(res.map(|inner| TrackedBody { inner, _busy: busy })))
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A response body that keeps its connection busy until it is dropped.
+    pub struct TrackedBody {
+        #[pin]
+        inner: ResponseBody,
+        _busy: Option<Busy>,
+    }
+}
+
+impl Body for TrackedBody {
+    type Data = <ResponseBody as Body>::Data;
+    type Error = <ResponseBody as Body>::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        self.project().inner.poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
