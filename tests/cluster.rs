@@ -11,8 +11,9 @@
 //! across replicas; (j) Redis stalls shorter than `degrade_after_ms` degrade no replica and the
 //! pool limit holds.
 //!
-//! Without `redis-server` on PATH the tests are skipped with a message — unless `CI` is set,
-//! where a missing binary fails them. Loops are bounded; no assertion is on wall-clock time.
+//! Without `redis-server` on PATH the tests fail, naming the package to install; a developer who
+//! cannot install it opts out explicitly with `FAIRGATE_SKIP_REDIS=1` (they then pass as skipped
+//! with a message). Loops are bounded; no assertion is on wall-clock time.
 
 mod common;
 
@@ -32,7 +33,8 @@ struct Redis {
 }
 
 impl Redis {
-    /// Starts one on a free port; `None` (skip) when the binary is missing outside CI.
+    /// Starts one on a free port; `None` (skip) when the binary is missing and the developer set
+    /// `FAIRGATE_SKIP_REDIS=1`; panics when it is missing otherwise.
     fn start() -> Option<Redis> {
         let port = StdListener::bind("127.0.0.1:0")
             .unwrap()
@@ -42,10 +44,11 @@ impl Redis {
         let mut r = Redis { child: None, port };
         if !r.spawn() {
             assert!(
-                std::env::var_os("CI").is_none(),
-                "redis-server is not installed, and CI is set: the cluster tests must run"
+                std::env::var_os("FAIRGATE_SKIP_REDIS").is_some_and(|v| v == "1"),
+                "redis-server is not on PATH: install it (apt-get install redis-server), or set \
+                 FAIRGATE_SKIP_REDIS=1 to skip the cluster tests"
             );
-            eprintln!("SKIPPED: redis-server not found on PATH (apt-get install redis-server)");
+            eprintln!("SKIPPED (FAIRGATE_SKIP_REDIS=1): redis-server not found on PATH");
             return None;
         }
         Some(r)

@@ -6,6 +6,8 @@
 //!   cancelled when hyper drops the body (client gone mid-stream).
 //! - `is_end_stream` turns true exactly when the last frame has been handed out, so hyper never
 //!   drops a finished body before the guard learned it was complete.
+//! - An encoded (compressed) stream compresses each frame as it is handed out and writes the
+//!   coding's trailer with the last one; a stream cut on purpose never gets a trailer.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -13,6 +15,7 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 
+use super::encoding::{encode_all, Encoder, Encoding};
 use super::sse::{SseStream, Step};
 use super::stats::InFlightGuard;
 
@@ -23,6 +26,8 @@ pub struct MockBody {
     guard: Option<InFlightGuard>,
     /// Whether hyper was given one chance to flush before an abort (see `abort`).
     flushed: bool,
+    /// Compresses an SSE stream frame by frame (see [`MockBody::encode`]).
+    encoder: Option<Box<Encoder>>,
 }
 
 #[derive(Debug)]
@@ -45,6 +50,7 @@ impl MockBody {
             },
             guard,
             flushed: false,
+            encoder: None,
         }
     }
 
@@ -57,6 +63,7 @@ impl MockBody {
             },
             guard,
             flushed: false,
+            encoder: None,
         }
     }
 
@@ -66,6 +73,25 @@ impl MockBody {
             kind: Kind::Sse(Box::new(stream)),
             guard,
             flushed: false,
+            encoder: None,
+        }
+    }
+
+    /// Compresses this body with `encoding`; false (and unchanged) for a body cut on purpose.
+    pub(crate) fn encode(&mut self, encoding: Encoding) -> bool {
+        match &mut self.kind {
+            Kind::Full {
+                data: Some(data),
+                abort: false,
+            } => {
+                *data = encode_all(encoding, data);
+                true
+            }
+            Kind::Sse(_) => {
+                self.encoder = Some(Box::new(Encoder::new(encoding)));
+                true
+            }
+            Kind::Full { .. } => false,
         }
     }
 
@@ -123,6 +149,15 @@ impl Body for MockBody {
             Kind::Sse(stream) => match stream.poll_next(cx) {
                 Poll::Pending => Poll::Pending,
                 Poll::Ready(Some(Step::Frame { data, last })) => {
+                    let data = match (last, this.encoder.take()) {
+                        (_, None) => data,
+                        (true, Some(encoder)) => encoder.finish(&data),
+                        (false, Some(mut encoder)) => {
+                            let chunk = encoder.chunk(&data);
+                            this.encoder = Some(encoder);
+                            chunk
+                        }
+                    };
                     if last {
                         this.complete();
                     }

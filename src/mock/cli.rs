@@ -1,12 +1,14 @@
 //! `fairgate mock-upstream`: runs a [`MockServer`] until SIGINT or SIGTERM.
 //!
 //! Invariants: prints exactly one line to stdout once listening (`mock upstream listening on
-//! http://ADDR/v1`), so scripts can wait for it; records no request logs (nobody could read them).
+//! http://ADDR/v1`, `https://` with `--tls-cert`/`--tls-key`), so scripts can wait for it;
+//! records no request logs (nobody could read them).
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
-use super::{MockConfig, MockServer};
+use super::{tls_acceptor, MockConfig, MockServer, Profile};
 
 /// Flags of `fairgate mock-upstream`.
 #[derive(Debug, Clone, clap::Args)]
@@ -29,6 +31,16 @@ pub struct MockArgs {
     /// Retry-After sent with 429s, in seconds.
     #[arg(long, default_value_t = 1)]
     pub retry_after_secs: u64,
+    /// Which provider's dialect to speak: compression, where usage is, rate-limit and retry
+    /// headers (ideal: the plain OpenAI dialect of earlier versions).
+    #[arg(long, value_enum, default_value_t = Profile::Ideal)]
+    pub profile: Profile,
+    /// Serve TLS (ALPN h2 and http/1.1) with this PEM certificate chain; needs --tls-key.
+    #[arg(long, requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
 }
 
 impl MockArgs {
@@ -41,6 +53,7 @@ impl MockArgs {
             per_token: Duration::from_millis(self.per_token_ms),
             default_output_tokens: self.output_tokens,
             record_requests: false,
+            profile: self.profile,
             ..MockConfig::default()
         }
     }
@@ -48,7 +61,13 @@ impl MockArgs {
 
 /// Runs the mock upstream until SIGINT (or SIGTERM on Unix), then shuts it down.
 pub async fn run_cli(args: MockArgs) -> Result<(), std::io::Error> {
-    let server = MockServer::start(args.listen, args.config()).await?;
+    let server = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => {
+            let acceptor = tls_acceptor(cert, key).map_err(std::io::Error::other)?;
+            MockServer::start_tls(args.listen, args.config(), acceptor).await?
+        }
+        _ => MockServer::start(args.listen, args.config()).await?,
+    };
     println!("mock upstream listening on {}", server.base_url());
     shutdown_signal().await?;
     server.shutdown().await;

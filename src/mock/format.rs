@@ -6,6 +6,8 @@
 
 use std::fmt::Write as _;
 
+use super::profile::{StreamUsage, UsageStyle};
+
 /// One generated token's text.
 pub(crate) const TOKEN: &str = "tok ";
 
@@ -19,6 +21,8 @@ pub(crate) struct Reply {
     pub prompt: u32,
     pub output: u32,
     pub finish: &'static str,
+    /// How `usage` is written (per profile; see `dialect.rs`).
+    pub usage_style: UsageStyle,
 }
 
 impl Reply {
@@ -33,6 +37,7 @@ impl Reply {
             prompt,
             output,
             finish: if hit_limit { "length" } else { "stop" },
+            usage_style: UsageStyle::Plain,
         }
     }
 
@@ -40,20 +45,13 @@ impl Reply {
         TOKEN.repeat(self.output as usize)
     }
 
-    fn usage(&self) -> String {
-        let (p, c) = (self.prompt, self.output);
-        format!(
-            r#"{{"prompt_tokens":{p},"completion_tokens":{c},"total_tokens":{}}}"#,
-            u64::from(p) + u64::from(c)
-        )
-    }
-
     pub fn chat_json(&self) -> String {
         let (id, created, model, finish) = (self.id, self.created, &self.model, self.finish);
         format!(
-            r#"{{"id":"chatcmpl-mock-{id}","object":"chat.completion","created":{created},"model":{model},"choices":[{{"index":0,"message":{{"role":"assistant","content":"{}","refusal":null}},"logprobs":null,"finish_reason":"{finish}"}}],"usage":{},"system_fingerprint":"fp_mock"}}"#,
+            r#"{{"id":"chatcmpl-mock-{id}","object":"chat.completion","created":{created},"model":{model},"choices":[{{"index":0,"message":{{"role":"assistant","content":"{}","refusal":null}},"logprobs":null,"finish_reason":"{finish}"}}],"usage":{},"system_fingerprint":"fp_mock"{}}}"#,
             self.text(),
-            self.usage()
+            self.usage(),
+            self.json_extra()
         )
     }
 
@@ -65,23 +63,24 @@ impl Reply {
         )
     }
 
-    /// (first token chunk, other token chunks, tail frames) of a streamed chat completion.
-    pub fn chat_stream(&self, include_usage: bool) -> (String, String, Vec<String>) {
-        let null_usage = if include_usage { ",\"usage\":null" } else { "" };
+    /// (first token chunk, other token chunks, tail frames) of a streamed chat completion whose
+    /// usage goes to `placement` (`None`: no usage).
+    pub fn chat_stream(&self, placement: Option<StreamUsage>) -> (String, String, Vec<String>) {
+        let (first_sfx, rest_sfx, finish_sfx, usage_chunk) = self.stream_suffixes(placement);
         let delta = |role: &str| {
             format!(
                 r#"{{"index":0,"delta":{{{role}"content":"{TOKEN}"}},"logprobs":null,"finish_reason":null}}"#
             )
         };
-        let first = self.chat_chunk(&delta(r#""role":"assistant","#), null_usage);
-        let rest = self.chat_chunk(&delta(""), null_usage);
+        let first = self.chat_chunk(&delta(r#""role":"assistant","#), &first_sfx);
+        let rest = self.chat_chunk(&delta(""), &rest_sfx);
         let finish = format!(
             r#"{{"index":0,"delta":{{}},"logprobs":null,"finish_reason":"{}"}}"#,
             self.finish
         );
-        let mut tail = vec![self.chat_chunk(&finish, null_usage)];
-        if include_usage {
-            tail.push(self.chat_chunk("", &format!(",\"usage\":{}", self.usage())));
+        let mut tail = vec![self.chat_chunk(&finish, &finish_sfx)];
+        if let Some(usage) = usage_chunk {
+            tail.push(self.chat_chunk("", &usage));
         }
         tail.push(DONE.to_owned());
         (first, rest, tail)
@@ -90,9 +89,10 @@ impl Reply {
     pub fn completion_json(&self) -> String {
         let (id, created, model, finish) = (self.id, self.created, &self.model, self.finish);
         format!(
-            r#"{{"id":"cmpl-mock-{id}","object":"text_completion","created":{created},"model":{model},"choices":[{{"text":"{}","index":0,"logprobs":null,"finish_reason":"{finish}"}}],"usage":{}}}"#,
+            r#"{{"id":"cmpl-mock-{id}","object":"text_completion","created":{created},"model":{model},"choices":[{{"text":"{}","index":0,"logprobs":null,"finish_reason":"{finish}"}}],"usage":{}{}}}"#,
             self.text(),
-            self.usage()
+            self.usage(),
+            self.json_extra()
         )
     }
 
@@ -103,20 +103,24 @@ impl Reply {
         )
     }
 
-    /// (token chunk, tail frames) of a streamed legacy completion.
-    pub fn completion_stream(&self, include_usage: bool) -> (String, Vec<String>) {
-        let null_usage = if include_usage { ",\"usage\":null" } else { "" };
+    /// (first token chunk, other token chunks, tail frames) of a streamed legacy completion.
+    pub fn completion_stream(
+        &self,
+        placement: Option<StreamUsage>,
+    ) -> (String, String, Vec<String>) {
+        let (first_sfx, rest_sfx, finish_sfx, usage_chunk) = self.stream_suffixes(placement);
         let choice = |text: &str, finish: &str| {
             format!(r#"{{"text":"{text}","index":0,"logprobs":null,"finish_reason":{finish}}}"#)
         };
-        let token = self.completion_chunk(&choice(TOKEN, "null"), null_usage);
+        let first = self.completion_chunk(&choice(TOKEN, "null"), &first_sfx);
+        let rest = self.completion_chunk(&choice(TOKEN, "null"), &rest_sfx);
         let finish = format!("\"{}\"", self.finish);
-        let mut tail = vec![self.completion_chunk(&choice("", &finish), null_usage)];
-        if include_usage {
-            tail.push(self.completion_chunk("", &format!(",\"usage\":{}", self.usage())));
+        let mut tail = vec![self.completion_chunk(&choice("", &finish), &finish_sfx)];
+        if let Some(usage) = usage_chunk {
+            tail.push(self.completion_chunk("", &usage));
         }
         tail.push(DONE.to_owned());
-        (token, tail)
+        (first, rest, tail)
     }
 
     /// A Responses API object; `done` selects the final (completed) or initial (in progress) form.

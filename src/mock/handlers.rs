@@ -1,8 +1,10 @@
-//! Request handling of the mock: route, admit (or 429), read and parse, wait, answer.
+//! Request handling of the mock: route, admit (or refuse), read and parse, wait, answer.
 //!
 //! Invariants:
-//! - Admission happens before the body is read; a refused request is answered at once with 429,
-//!   `Retry-After`, `retry-after-ms` and `x-ratelimit-remaining-requests: 0` and is never in flight.
+//! - Admission happens before the body is read; a refused request is never in flight. It is
+//!   answered at once (429, or 503 in the `vllm` profile, with the profile's retry headers and
+//!   `x-ratelimit-remaining-requests: 0` on 429s), except in the `rough` profile, which reads the
+//!   whole body and waits [`ROUGH_REJECT_DELAY`](super::profile::ROUGH_REJECT_DELAY) first.
 //! - An admitted request's guard moves into its response body, so the time before the head
 //!   (delays) and the whole body are both "in flight"; dropping either counts as cancelled.
 //! - With zero delays no timer is created; every error body is OpenAI-shaped.
@@ -17,7 +19,9 @@ use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 
 use super::body::MockBody;
+use super::dialect;
 use super::format::{self, Reply};
+use super::limits::Served;
 use super::reply::{embeddings, error, respond, status_error, Shared, JSON, MAX_BODY_BYTES};
 use super::request::{MockRequest, Overrides};
 use super::sse::SseStream;
@@ -31,8 +35,8 @@ enum Endpoint {
     Models,
 }
 
-/// The mock's whole service: never fails, answers every request.
-pub(crate) async fn handle<B>(
+/// The answer to one request, before the profile's envelope (see `envelope.rs`).
+pub(crate) async fn answer<B>(
     shared: Arc<Shared>,
     req: Request<B>,
 ) -> Result<Response<MockBody>, Infallible>
@@ -106,7 +110,14 @@ where
     }
     let Some(guard) = stats.try_admit(shared.cfg.max_concurrency) else {
         stats.count_rejected();
-        return Ok(shared.rate_limited(MockBody::full(shared.too_many.clone(), None)));
+        if let Some(delay) = shared.cfg.profile.slow_refusal() {
+            // Whatever the body holds, the refusal comes after it (a read error only ends it).
+            let _ = Limited::new(req.into_body(), MAX_BODY_BYTES)
+                .collect()
+                .await;
+            wait(shared.cfg.base_latency + delay).await;
+        }
+        return Ok(shared.overloaded());
     };
     let overrides = Overrides::from_headers(req.headers());
     if endpoint == Endpoint::Models {
@@ -176,9 +187,14 @@ where
     wait(delay).await;
 
     let model = parsed.model.as_deref().unwrap_or(shared.default_model());
-    let reply = Reply::new(seq, model, parsed.prompt_tokens(), output, hit_limit);
+    let mut reply = Reply::new(seq, model, parsed.prompt_tokens(), output, hit_limit);
+    reply.usage_style = shared.cfg.profile.usage_style();
+    let served = Served {
+        model: model.to_owned(),
+        tokens: u64::from(reply.prompt) + u64::from(output),
+    };
     if endpoint == Endpoint::Embeddings {
-        return Ok(embeddings(&shared, &bytes, guard));
+        return Ok(served.tag(embeddings(&shared, &bytes, guard)));
     }
     if overrides.abort_after.is_some() && !stream {
         return Ok(respond(
@@ -193,33 +209,42 @@ where
             Endpoint::Responses => reply.response_object(true),
             _ => reply.chat_json(),
         };
-        return Ok(respond(
-            StatusCode::OK,
-            JSON,
-            MockBody::full(body, Some(guard)),
-        ));
+        let resp = respond(StatusCode::OK, JSON, MockBody::full(body, Some(guard)));
+        return Ok(served.tag(resp));
     }
-    let include_usage = parsed.include_usage();
-    let (pre, first, rest, tail) = match endpoint {
+    let placement = match overrides.omit_usage {
+        true => None,
+        false => shared.cfg.profile.stream_usage(parsed.include_usage()),
+    };
+    let (pre, first, rest, mut tail) = match endpoint {
         Endpoint::Completions => {
-            let (token, tail) = reply.completion_stream(include_usage);
-            (None, token.clone(), token, tail)
+            let (first, rest, tail) = reply.completion_stream(placement);
+            (None, first, rest, tail)
         }
         Endpoint::Responses => {
             let (created, delta, tail) = reply.response_stream();
-            (Some(created.into()), delta.clone(), delta, tail)
+            (Some(created), delta.clone(), delta, tail)
         }
         _ => {
-            let (first, rest, tail) = reply.chat_stream(include_usage);
+            let (first, rest, tail) = reply.chat_stream(placement);
             (None, first, rest, tail)
         }
     };
-    let tail = tail.into_iter().map(Bytes::from).collect();
+    let mut tokens = output;
+    if let Some(after) = overrides.error_after {
+        tokens = tokens.min(after);
+        tail = vec![dialect::error_event(
+            endpoint == Endpoint::Responses,
+            tokens,
+        )];
+    }
+    let rough = shared.cfg.profile.rough_sse();
+    let (pre, first, rest, tail) = dialect::frames(rough, pre, first, rest, tail);
     let sse = SseStream::new(
         pre,
-        first.into(),
-        rest.into(),
-        output,
+        first,
+        rest,
+        tokens,
         tail,
         token_delay,
         overrides.abort_after,
@@ -231,7 +256,7 @@ where
     );
     resp.headers_mut()
         .insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    Ok(resp)
+    Ok(served.tag(resp))
 }
 
 async fn wait(delay: Duration) {

@@ -1,10 +1,12 @@
 //! The bundled OpenAI-compatible mock upstream, used by tests, benchmarks and the demo.
 //!
 //! Serves `/v1/chat/completions`, `/v1/completions` (JSON and SSE), `/v1/embeddings`,
-//! `/v1/responses` (JSON and SSE), `/v1/models` and `/healthz` over HTTP/1.1 and h2c. Every
-//! completion carries a deterministic `usage`; the output length and failures are chosen per
-//! request with `x-mock-*` headers (see `request.rs`) so tests can make actual cost differ from
-//! estimates, time out, see 5xx/429, or have a stream cut mid-way.
+//! `/v1/responses` (JSON and SSE), `/v1/models` and `/healthz` over HTTP/1.1 and h2c, or over
+//! TLS with ALPN `h2` / `http/1.1` ([`MockServer::start_tls`]). Every completion carries a
+//! deterministic `usage`; the output length and failures are chosen per request with `x-mock-*`
+//! headers (see `request.rs`) so tests can make actual cost differ from estimates, time out, see
+//! 5xx/429, or have a stream cut mid-way. [`MockConfig::profile`] picks which real provider's
+//! dialect it speaks (compression, where usage is, rate-limit and retry headers; see `profile.rs`).
 //!
 //! Per-request knobs:
 //! - output length: header `x-mock-output-tokens: N`, else body `"mock_output_tokens": N`, else
@@ -13,28 +15,36 @@
 //! - `x-mock-delay-ms: N` extra delay before the head; `x-mock-token-delay-ms: N` replaces
 //!   [`MockConfig::per_token`]; `x-mock-status: N` answers N with an OpenAI-shaped error (429s
 //!   carry the retry headers); `x-mock-abort-after: N` sends at most N SSE frames (never the
-//!   last) then cuts the connection (counted in [`MockStats::aborted`], not `cancelled`).
+//!   last) then cuts the connection (counted in [`MockStats::aborted`], not `cancelled`);
+//!   `x-mock-error-after: N` ends a stream after N tokens with an error event (no `[DONE]`);
+//!   `x-mock-usage: omit` sends a complete stream without usage, whatever the profile.
 //!
 //! Prompt tokens are ceil(bytes of message content / prompt / input text ÷ 4), at least 1.
 //!
 //! Invariants:
 //! - Binds exactly the address given; [`MockServer::start`] returns once it is listening.
-//! - Beyond `max_concurrency` admitted requests in flight, answers 429 at once (not in flight).
+//! - Beyond `max_concurrency` admitted requests in flight, refuses (429; 503 in the `vllm`
+//!   profile; after reading the body and a delay in `rough`) and never counts the refused request
+//!   as in flight.
 //! - Dropping the [`MockServer`] or calling [`MockServer::shutdown`] stops accepting and closes
 //!   every open connection; the counters in [`MockStats`] stay readable afterwards.
 
 mod body;
 mod cli;
+mod dialect;
+mod encoding;
+mod envelope;
 mod format;
 mod handlers;
+mod limits;
+mod profile;
 mod reply;
 mod request;
 mod sse;
 mod stats;
 #[cfg(test)]
 mod tests;
-#[cfg(test)]
-mod tests_openai;
+mod tls;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -42,15 +52,21 @@ use std::time::Duration;
 
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tokio_rustls::TlsAcceptor;
 
 pub use body::MockBody;
 pub use cli::{run_cli, MockArgs};
+pub use encoding::Encoding;
+pub use limits::{go_duration, LIMIT_REQUESTS, LIMIT_TOKENS};
+pub use profile::{Profile, ROUGH_REJECT_DELAY};
 pub use reply::{DEFAULT_EMBEDDING_DIMS, MAX_BODY_BYTES};
 pub use request::{HARD_CAP, MAX_TOKENS_CAP};
 pub use stats::{MockStats, SEEN_CAPACITY};
+pub use tls::tls_acceptor;
 
 /// How the mock behaves; per-request `x-mock-*` headers override parts of it.
 #[derive(Debug, Clone)]
@@ -69,6 +85,8 @@ pub struct MockConfig {
     pub models: Vec<String>,
     /// Keep the `seen_*` logs of [`MockStats`] (the CLI turns this off: nobody can read them).
     pub record_requests: bool,
+    /// The provider dialect (default [`Profile::Ideal`]: the mock as it always was).
+    pub profile: Profile,
 }
 
 impl Default for MockConfig {
@@ -83,6 +101,7 @@ impl Default for MockConfig {
                 .map(String::from)
                 .into(),
             record_requests: true,
+            profile: Profile::Ideal,
         }
     }
 }
@@ -94,6 +113,7 @@ pub struct MockServer {
     pub addr: SocketAddr,
     /// Live counters and request logs.
     pub stats: Arc<MockStats>,
+    scheme: &'static str,
     stop: watch::Sender<()>,
     accept: JoinHandle<()>,
 }
@@ -101,23 +121,42 @@ pub struct MockServer {
 impl MockServer {
     /// Binds `listen` (port 0 picks a free port) and spawns the accept loop on the current runtime.
     pub async fn start(listen: SocketAddr, cfg: MockConfig) -> std::io::Result<MockServer> {
+        Self::start_inner(listen, cfg, None).await
+    }
+
+    /// Like [`start`](Self::start), over TLS with `acceptor` (see [`tls_acceptor`]).
+    pub async fn start_tls(
+        listen: SocketAddr,
+        cfg: MockConfig,
+        acceptor: TlsAcceptor,
+    ) -> std::io::Result<MockServer> {
+        Self::start_inner(listen, cfg, Some(acceptor)).await
+    }
+
+    async fn start_inner(
+        listen: SocketAddr,
+        cfg: MockConfig,
+        tls: Option<TlsAcceptor>,
+    ) -> std::io::Result<MockServer> {
         let listener = TcpListener::bind(listen).await?;
         let addr = listener.local_addr()?;
         let stats = Arc::new(MockStats::default());
         let shared = Arc::new(reply::Shared::new(cfg, Arc::clone(&stats)));
         let (stop, stopped) = watch::channel(());
-        let accept = tokio::spawn(accept_loop(listener, shared, stopped));
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let accept = tokio::spawn(accept_loop(listener, shared, tls, stopped));
         Ok(MockServer {
             addr,
             stats,
+            scheme,
             stop,
             accept,
         })
     }
 
-    /// The OpenAI base URL of this mock, e.g. `http://127.0.0.1:PORT/v1`.
+    /// The OpenAI base URL of this mock, e.g. `http://127.0.0.1:PORT/v1` (`https://` over TLS).
     pub fn base_url(&self) -> String {
-        format!("http://{}/v1", self.addr)
+        format!("{}://{}/v1", self.scheme, self.addr)
     }
 
     /// Stops accepting, closes open connections, and waits for the accept loop to end.
@@ -132,6 +171,7 @@ impl MockServer {
 async fn accept_loop(
     listener: TcpListener,
     shared: Arc<reply::Shared>,
+    tls: Option<TlsAcceptor>,
     mut stopped: watch::Receiver<()>,
 ) {
     let builder = Arc::new(auto::Builder::new(TokioExecutor::new()));
@@ -151,14 +191,32 @@ async fn accept_loop(
         let shared = Arc::clone(&shared);
         let builder = Arc::clone(&builder);
         let mut stopped = stopped.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
-            let service =
-                hyper::service::service_fn(move |req| handlers::handle(Arc::clone(&shared), req));
-            let conn = builder.serve_connection(TokioIo::new(tcp), service);
+            let serve = async {
+                match tls {
+                    // A failed handshake only ends this connection.
+                    Some(tls) => {
+                        if let Ok(stream) = tls.accept(tcp).await {
+                            serve(&builder, shared, stream).await;
+                        }
+                    }
+                    None => serve(&builder, shared, tcp).await,
+                }
+            };
             tokio::select! {
-                _ = conn => {}
+                _ = serve => {}
                 _ = stopped.changed() => {}
             }
         });
     }
+}
+
+/// Serves one connection (HTTP/1.1 or h2, by preface) until it ends.
+async fn serve<IO>(builder: &auto::Builder<TokioExecutor>, shared: Arc<reply::Shared>, io: IO)
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let service = hyper::service::service_fn(move |req| envelope::handle(Arc::clone(&shared), req));
+    let _ = builder.serve_connection(TokioIo::new(io), service).await;
 }

@@ -1,18 +1,21 @@
 //! Building the mock's responses: shared per-server state (prebuilt bodies and headers), the
 //! OpenAI-shaped error replies (429 with retry headers, `x-mock-status`), and embeddings.
 //!
-//! Invariants: every error body is `{"error":{"message","type","param","code"}}`; every 429
-//! carries `Retry-After` (whole seconds, min 1), `retry-after-ms` and
-//! `x-ratelimit-remaining-requests: 0`; the models list and 429 body are built once per server.
+//! Invariants: every error body is `{"error":{"message","type","param","code"}}`; every refusal
+//! (429, and the `vllm` profile's 503) carries `Retry-After` in the profile's style (see
+//! `limits.rs`), and every 429 `x-ratelimit-remaining-requests: 0`; the models list and the
+//! overload body are built once per server.
 
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use http::header::{HeaderValue, CONTENT_TYPE};
 use http::{Response, StatusCode};
 
 use super::body::MockBody;
 use super::format;
+use super::limits::{self, Buckets};
+use super::profile::Profile;
 use super::request::EmbeddingsRequest;
 use super::stats::{InFlightGuard, MockStats};
 use super::MockConfig;
@@ -32,23 +35,28 @@ pub(crate) struct Shared {
     pub stats: Arc<MockStats>,
     pub models: Bytes,
     pub too_many: Bytes,
-    retry_after: HeaderValue,
-    retry_after_ms: HeaderValue,
+    /// The rate-limit headers' buckets (they report, never refuse).
+    pub buckets: Buckets,
 }
 
 impl Shared {
     pub fn new(cfg: MockConfig, stats: Arc<MockStats>) -> Self {
-        let secs = cfg.retry_after.as_millis().div_ceil(1000).max(1);
-        let too_many = format::error_json(
-            "mock upstream: too many concurrent requests",
-            "rate_limit_exceeded",
-            Some("rate_limit_exceeded"),
-        );
+        let too_many = match cfg.profile {
+            Profile::Vllm => format::error_json(
+                "mock upstream: the server is overloaded, retry later",
+                "server_error",
+                Some("overloaded"),
+            ),
+            _ => format::error_json(
+                "mock upstream: too many concurrent requests",
+                "rate_limit_exceeded",
+                Some("rate_limit_exceeded"),
+            ),
+        };
         Shared {
             models: format::models_json(&cfg.models).into(),
             too_many: too_many.into(),
-            retry_after: HeaderValue::from(secs as u64),
-            retry_after_ms: HeaderValue::from(cfg.retry_after.as_millis() as u64),
+            buckets: Buckets::default(),
             cfg,
             stats,
         }
@@ -58,15 +66,23 @@ impl Shared {
         self.cfg.models.first().map_or("mock", String::as_str)
     }
 
-    pub(crate) fn rate_limited(&self, body: MockBody) -> Response<MockBody> {
-        let mut resp = respond(StatusCode::TOO_MANY_REQUESTS, JSON, body);
+    /// The answer to a request refused for capacity (429, or 503 in the `vllm` profile).
+    pub(crate) fn overloaded(&self) -> Response<MockBody> {
+        let body = MockBody::full(self.too_many.clone(), None);
+        self.refusal(self.cfg.profile.overload_status(), body)
+    }
+
+    /// A refusal with `status`, carrying the profile's retry headers.
+    pub(crate) fn refusal(&self, status: StatusCode, body: MockBody) -> Response<MockBody> {
+        let mut resp = respond(status, JSON, body);
         let h = resp.headers_mut();
-        h.insert(RETRY_AFTER, self.retry_after.clone());
-        h.insert("retry-after-ms", self.retry_after_ms.clone());
-        h.insert(
-            "x-ratelimit-remaining-requests",
-            HeaderValue::from_static("0"),
-        );
+        limits::write_retry(h, self.cfg.profile.retry_style(), self.cfg.retry_after);
+        if status == StatusCode::TOO_MANY_REQUESTS {
+            h.insert(
+                "x-ratelimit-remaining-requests",
+                HeaderValue::from_static("0"),
+            );
+        }
         resp
     }
 }
@@ -106,8 +122,8 @@ pub(crate) fn status_error(
         _ => ("server_error", "mock_status"),
     };
     let body = MockBody::full(format::error_json(&msg, kind, Some(code)), Some(guard));
-    if status == StatusCode::TOO_MANY_REQUESTS {
-        return shared.rate_limited(body);
+    if status == shared.cfg.profile.overload_status() || status == StatusCode::TOO_MANY_REQUESTS {
+        return shared.refusal(status, body);
     }
     respond(status, JSON, body)
 }

@@ -146,6 +146,10 @@ pub(crate) struct Overrides {
     pub token_delay: Option<Duration>,
     pub status: Option<http::StatusCode>,
     pub abort_after: Option<u32>,
+    /// `x-mock-error-after: N`: the stream ends after N tokens with an error event.
+    pub error_after: Option<u32>,
+    /// `x-mock-usage: omit`: a complete stream without usage.
+    pub omit_usage: bool,
 }
 
 fn header_u64(headers: &HeaderMap, name: &str) -> Option<u64> {
@@ -163,6 +167,10 @@ impl Overrides {
                 .and_then(|s| u16::try_from(s).ok())
                 .and_then(|s| http::StatusCode::from_u16(s).ok()),
             abort_after: u32_of("x-mock-abort-after"),
+            error_after: u32_of("x-mock-error-after"),
+            omit_usage: headers
+                .get("x-mock-usage")
+                .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"omit")),
         }
     }
 }

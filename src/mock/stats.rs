@@ -58,7 +58,7 @@ impl MockStats {
     pub fn max_in_flight(&self) -> u64 {
         self.max_in_flight.load(Ordering::Relaxed)
     }
-    /// Requests refused with 429 because `max_concurrency` were in flight.
+    /// Requests refused because `max_concurrency` were in flight (429; 503 in the `vllm` profile).
     pub fn rejected_429(&self) -> u64 {
         self.rejected_429.load(Ordering::Relaxed)
     }

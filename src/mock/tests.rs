@@ -1,5 +1,11 @@
 //! End-to-end tests of the mock over real loopback sockets (port 0, parallel-safe, no wall-time
 //! assertions): a hyper client for well-behaved traffic, raw TCP for clients that vanish.
+//!
+//! Topics of their own: `openai` (async-openai parses every shape), `profiles` (each
+//! provider profile's wire format).
+
+mod openai;
+mod profiles;
 
 use std::time::Duration;
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use fairgate::config::Config;
-use fairgate::mock::{MockConfig, MockServer};
+use fairgate::mock::{MockConfig, MockServer, Profile};
 use fairgate::server::{self, ServerHandle};
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
@@ -30,6 +30,31 @@ pub async fn mock_with(cfg: MockConfig) -> MockServer {
     MockServer::start(SocketAddr::from(([127, 0, 0, 1], 0)), cfg)
         .await
         .expect("mock upstream starts")
+}
+
+/// A mock upstream speaking `profile`'s dialect (see `fairgate::mock::Profile`).
+pub async fn mock_profile(profile: Profile) -> MockServer {
+    mock_with(MockConfig {
+        profile,
+        ..MockConfig::default()
+    })
+    .await
+}
+
+/// A path under `tests/fixtures/`.
+pub fn fixture(name: &str) -> String {
+    format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A mock upstream with `cfg` over TLS (ALPN h2 and http/1.1) with the self-signed
+/// `localhost` / 127.0.0.1 certificate of `tests/fixtures/`.
+pub async fn mock_tls(cfg: MockConfig) -> MockServer {
+    let cert = fixture("localhost.crt");
+    let key = fixture("localhost.key");
+    let acceptor = fairgate::mock::tls_acceptor(cert.as_ref(), key.as_ref()).expect("fixture TLS");
+    MockServer::start_tls(SocketAddr::from(([127, 0, 0, 1], 0)), cfg, acceptor)
+        .await
+        .expect("TLS mock upstream starts")
 }
 
 /// A config with two tenants (`a`, `b`) and one upstream at `base_url`; `extra_upstream` and

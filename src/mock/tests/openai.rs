@@ -8,7 +8,7 @@ use async_openai::types::embeddings::CreateEmbeddingRequestArgs;
 use async_openai::Client;
 use futures_util::StreamExt;
 
-use super::{MockConfig, MockServer};
+use crate::mock::{MockConfig, MockServer};
 
 async fn setup() -> (MockServer, Client<OpenAIConfig>) {
     let _ = rustls::crypto::ring::default_provider().install_default();
