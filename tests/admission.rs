@@ -310,6 +310,12 @@ async fn deadlines_fail_fast_when_infeasible_and_expire_in_queue_with_504() {
     assert_eq!(header(&r, "x-fairgate-limit"), Some("queue"));
     assert!(header(&r, "retry-after").unwrap().parse::<u64>().unwrap() >= 2);
     assert_eq!(p.pools[0].load(), (3, 1), "refused at once, nothing queued");
+    // Each tenant missed one deadline: b's expired in the queue, a's was infeasible.
+    let text = common::scrape(p.addr).await;
+    for t in ["a", "b"] {
+        let misses = common::value(&text, "fairgate_deadline_misses_total", &[("tenant", t)]);
+        assert_eq!(misses, Some(1.0), "tenant {t}\n{text}");
+    }
     assert_eq!(blocker.await.unwrap(), 200);
     for q in queued {
         assert_eq!(q.await.unwrap(), 200);
@@ -688,5 +694,33 @@ async fn under_a_429_storm_recovery_keeps_its_slot_and_batch_is_slowed_first() {
     assert!(
         (sb as f64 / si as f64) < 0.85 * (bb as f64 / bi as f64),
         "storm {sb}/{si} vs baseline {bb}/{bi}"
+    );
+}
+
+#[tokio::test]
+async fn a_429_that_outlasts_the_retries_is_passed_on_and_counted_as_exhausted() {
+    let mock = mock_with(MockConfig {
+        retry_after: Duration::from_millis(100),
+        ..MockConfig::default()
+    })
+    .await;
+    let admission = "[admission]\nmax_retries = 2\nretry_backoff_ms = 10\nretry_backoff_max_ms = 20\n";
+    let p = proxy(&format!(
+        "{admission}{}",
+        config(&mock.base_url(), "", "", "")
+    ))
+    .await;
+    let r = chat_as(&p, KEY_A, &chat("gpt-4o-mini"), &[("x-mock-status", "429")]).await;
+    r.assert_error(429, "rate_limit_exceeded");
+    assert_eq!(header(&r, "x-fairgate-limit"), Some("upstream"));
+    assert!(header(&r, "retry-after").is_some());
+    assert_eq!(mock.stats.requests(), 3, "the first attempt and two retries");
+    let text = common::scrape(p.addr).await;
+    let plain = |name| common::value(&text, name, &[]);
+    assert_eq!(plain("fairgate_upstream_retries_total"), Some(2.0), "{text}");
+    assert_eq!(
+        plain("fairgate_upstream_retries_exhausted_total"),
+        Some(1.0),
+        "{text}"
     );
 }

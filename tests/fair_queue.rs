@@ -41,8 +41,9 @@ async fn queued_at_least(proxy: &ServerHandle, n: usize) -> bool {
 }
 
 /// Floods the pool from tenant `a`, then sends one request from `small`; returns how many of
-/// `a`'s requests completed before `small`'s did.
-async fn flood_then_small(policy: &str) -> usize {
+/// `a`'s requests completed before `small`'s did, and the time `small`'s request was queued
+/// (its `x-fairgate-queue-ms`).
+async fn flood_then_small(policy: &str) -> (usize, u64) {
     let mock = mock_with(MockConfig {
         base_latency: Duration::from_millis(30),
         ..MockConfig::default()
@@ -89,23 +90,29 @@ async fn flood_then_small(policy: &str) -> usize {
         .unwrap()
         .parse()
         .unwrap();
-    let _ = waited;
     for f in flood {
         f.await.unwrap();
     }
     assert!(eventually(|| proxy.pools[0].load() == (0, 0)).await);
-    before
+    (before, waited)
 }
 
 #[tokio::test]
 async fn noisy_neighbor_small_tenant_goes_next_under_drr_not_under_fifo() {
-    let (drr, fifo) = tokio::join!(flood_then_small("drr"), flood_then_small("fifo"));
+    let ((drr, drr_wait), (fifo, fifo_wait)) =
+        tokio::join!(flood_then_small("drr"), flood_then_small("fifo"));
     // DRR: the small tenant takes the next free slot (the two in flight may finish first).
     assert!(drr <= 3, "drr: {drr} flood requests finished first");
     // FIFO: it waits behind the whole queued flood.
     assert!(
         fifo >= 25,
         "fifo: only {fifo} flood requests finished first"
+    );
+    // And its reported queue wait says so: behind ~25 requests on two slots under FIFO, behind
+    // at most the two in flight under DRR (the two runs share the machine, so compare them).
+    assert!(
+        drr_wait * 4 < fifo_wait,
+        "queue-ms: drr {drr_wait} vs fifo {fifo_wait}"
     );
 }
 

@@ -252,7 +252,8 @@ async fn a_removed_tenant_drains_and_its_key_is_refused_and_a_new_key_works() {
     ));
     let proxy = start(&file).await;
     let addr = proxy.addr;
-    let slow = [("x-mock-delay-ms", "400")];
+    // Long enough that b's three requests (one at a time) outlive the reload below by seconds.
+    let slow = [("x-mock-delay-ms", "1500")];
     let held: Vec<_> = (0..3)
         .map(|_| tokio::spawn(async move { chat(addr, "b", &slow).await }))
         .collect();
@@ -272,11 +273,11 @@ async fn a_removed_tenant_drains_and_its_key_is_refused_and_a_new_key_works() {
     // The queue is the same one: b's requests are still there, listed as draining.
     let state = proxy.state();
     assert!(Arc::ptr_eq(&state.pools[0], &proxy.pools[0]));
-    if let Some((queued, in_flight)) = state.pools[0].tenant_load(&TenantId::new("b")) {
-        if queued + in_flight as usize > 0 {
-            assert_eq!(field(addr, "b", "configured").await, false);
-        }
-    }
+    let (queued, in_flight) = state.pools[0]
+        .tenant_load(&TenantId::new("b"))
+        .expect("a removed tenant with requests in the pool stays known to it until drained");
+    assert!(queued + in_flight as usize > 0, "b still has requests");
+    assert_eq!(field(addr, "b", "configured").await, false);
 
     chat(addr, "b", &[])
         .await

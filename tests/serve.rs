@@ -70,4 +70,15 @@ async fn several_workers_serve_one_port_and_sigterm_exits_cleanly() {
         rest.iter().filter(|l| l.contains("drained")).count() == 3,
         "each of the 3 workers drains: {rest:?}"
     );
+    // Every request's log line names the worker that served it: 30 fresh connections spread
+    // by the kernel over three sockets land on more than one (all on one: p = 3^-29).
+    let workers: std::collections::BTreeSet<&str> = rest
+        .iter()
+        .filter(|l| l.contains("status=200"))
+        .filter_map(|l| l.split("worker=").nth(1))
+        .filter_map(|w| w.split_whitespace().next())
+        .collect();
+    let served = rest.iter().filter(|l| l.contains("status=200")).count();
+    assert_eq!(served, 30, "one log line per request: {rest:?}");
+    assert!(workers.len() >= 2, "served by workers {workers:?} only");
 }

@@ -8,8 +8,8 @@
 //! The dispatch itself (served share, queue wait, admitted cost) is recorded when the grant is
 //! made: [`Metrics`] is the fair queue's [`crate::queue::Observer`].
 //!
-//! Invariants: the log line carries the tenant id, model, token counts, timings, status and the
-//! limit that refused the request — never a key, a header value, a prompt or a completion.
+//! Invariants: the log line carries the tenant id, model, token counts, timings, status, the
+//! connection worker that served it and the limit that refused the request — never a key, a header value, a prompt or a completion.
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -223,6 +223,7 @@ impl Drop for Done {
             total_ms = total.as_millis() as u64,
             limit = self.limit,
             refused = self.refused,
+            worker = crate::worker::current(),
             "request"
         );
     }

@@ -207,3 +207,28 @@ pub async fn eventually(mut cond: impl FnMut() -> bool) -> bool {
     }
     cond()
 }
+
+/// `GET /metrics` of the proxy at `addr` (the main listener).
+pub async fn scrape(addr: SocketAddr) -> String {
+    let req = Request::get(format!("http://{addr}/metrics"))
+        .body(Full::<Bytes>::default())
+        .unwrap();
+    let r = send(req).await;
+    assert_eq!(r.status, 200);
+    String::from_utf8(r.body.to_vec()).unwrap()
+}
+
+/// The value of the series `name` whose labels include every `k="v"` of `labels` (an
+/// unlabelled series matches empty `labels`).
+pub fn value(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    text.lines()
+        .filter(|l| {
+            l.starts_with(name) && matches!(l.as_bytes().get(name.len()), Some(b'{' | b' '))
+        })
+        .find(|l| {
+            labels
+                .iter()
+                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+        })
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
