@@ -31,7 +31,6 @@ async fn admin_api_is_off_without_a_token() {
 async fn admin_tenants_needs_the_token_and_shows_live_queues() {
     let var = unique_env("ADMIN");
     let token = "admin-token-xyzzy";
-    std::env::set_var(&var, token);
     let mock = mock_with(MockConfig::default()).await;
     let toml = format!(
         "[admin]\ntoken_env = \"{var}\"\n[[upstreams]]\nname = \"mock\"\n\
@@ -40,7 +39,7 @@ async fn admin_tenants_needs_the_token_and_shows_live_queues() {
          [[tenants]]\nid = \"quiet\"\napi_keys = [\"key-quiet\"]\n",
         mock.base_url()
     );
-    let proxy = proxy(&toml).await;
+    let proxy = proxy_with_env(&toml, &[(&var, token)]).await;
     let addr = proxy.addr;
     get(addr, "/admin/tenants", None)
         .await
@@ -109,13 +108,12 @@ async fn admin_tenants_needs_the_token_and_shows_live_queues() {
 #[tokio::test]
 async fn admin_listen_moves_metrics_and_admin_off_the_main_listener() {
     let var = unique_env("ADMIN_LISTEN");
-    std::env::set_var(&var, "tok-listen");
     let mock = mock_with(MockConfig::default()).await;
     let toml = format!(
         "[admin]\nlisten = \"127.0.0.1:0\"\ntoken_env = \"{var}\"\n{}",
         config(&mock.base_url(), "", "", "")
     );
-    let proxy = proxy(&toml).await;
+    let proxy = proxy_with_env(&toml, &[(&var, "tok-listen")]).await;
     let ops = proxy.admin_addr.expect("an operations listener");
     assert_ne!(ops, proxy.addr);
     let r = send(post(

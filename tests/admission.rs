@@ -704,7 +704,8 @@ async fn a_429_that_outlasts_the_retries_is_passed_on_and_counted_as_exhausted()
         ..MockConfig::default()
     })
     .await;
-    let admission = "[admission]\nmax_retries = 2\nretry_backoff_ms = 10\nretry_backoff_max_ms = 20\n";
+    let admission =
+        "[admission]\nmax_retries = 2\nretry_backoff_ms = 10\nretry_backoff_max_ms = 20\n";
     let p = proxy(&format!(
         "{admission}{}",
         config(&mock.base_url(), "", "", "")
@@ -714,10 +715,18 @@ async fn a_429_that_outlasts_the_retries_is_passed_on_and_counted_as_exhausted()
     r.assert_error(429, "rate_limit_exceeded");
     assert_eq!(header(&r, "x-fairgate-limit"), Some("upstream"));
     assert!(header(&r, "retry-after").is_some());
-    assert_eq!(mock.stats.requests(), 3, "the first attempt and two retries");
+    assert_eq!(
+        mock.stats.requests(),
+        3,
+        "the first attempt and two retries"
+    );
     let text = common::scrape(p.addr).await;
     let plain = |name| common::value(&text, name, &[]);
-    assert_eq!(plain("fairgate_upstream_retries_total"), Some(2.0), "{text}");
+    assert_eq!(
+        plain("fairgate_upstream_retries_total"),
+        Some(2.0),
+        "{text}"
+    );
     assert_eq!(
         plain("fairgate_upstream_retries_exhausted_total"),
         Some(1.0),

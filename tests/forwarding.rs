@@ -12,14 +12,13 @@ use http_body_util::BodyExt;
 async fn tenant_key_never_goes_upstream_and_upstream_key_does() {
     let mock = mock().await;
     let var = unique_env("UP");
-    std::env::set_var(&var, "sk-upstream");
     let toml = config(
         &mock.base_url(),
         "",
         &format!("api_key_env = \"{var}\""),
         "",
     );
-    let proxy = proxy(&toml).await;
+    let proxy = proxy_with_env(&toml, &[(&var, "sk-upstream")]).await;
     let r = send(post(
         proxy.addr,
         "/v1/chat/completions",
@@ -62,15 +61,13 @@ async fn no_key_configured_sends_no_authorization() {
 async fn per_tenant_provider_key_is_used() {
     let mock = mock().await;
     let (up, own) = (unique_env("UP"), unique_env("OWN"));
-    std::env::set_var(&up, "sk-shared");
-    std::env::set_var(&own, "sk-tenant-b");
     let toml = config(
         &mock.base_url(),
         "",
         &format!("api_key_env = \"{up}\""),
         &format!("upstream_api_key_env = \"{own}\""),
     );
-    let proxy = proxy(&toml).await;
+    let proxy = proxy_with_env(&toml, &[(&up, "sk-shared"), (&own, "sk-tenant-b")]).await;
     for key in [KEY_A, KEY_B] {
         let r = send(post(
             proxy.addr,

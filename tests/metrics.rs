@@ -187,7 +187,10 @@ async fn flood_raises_queue_depth_and_counts_statuses_and_reasons() {
     assert!(text.contains("fairgate_upstream_429_total"));
     // Served while contended: the Jain index of the pool is defined (flood was backlogged).
     let jain = value(&text, "fairgate_jain_index", &[("pool", "mock")]);
-    assert!(jain.is_some_and(|j| j > 0.0 && j <= 1.0), "{jain:?}\n{text}");
+    assert!(
+        jain.is_some_and(|j| j > 0.0 && j <= 1.0),
+        "{jain:?}\n{text}"
+    );
     assert!(!text.contains("key-flood"));
 }
 

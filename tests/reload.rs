@@ -58,15 +58,18 @@ fn toml(base_url: &str, token_var: &str, capacity: usize, tenants: &[(&str, &str
     s
 }
 
+/// The variable the admin token is read from (from the server's own env map, not the
+/// process environment).
+const TOKEN_VAR: &str = "FG_TEST_RELOAD_TOKEN";
+
 fn token_var() -> String {
-    let var = unique_env("RELOAD");
-    std::env::set_var(&var, TOKEN);
-    var
+    TOKEN_VAR.to_owned()
 }
 
 async fn start(file: &ConfigFile) -> ServerHandle {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    server::start_from_file(&file.0, listener)
+    let env = server::Env::vars([(TOKEN_VAR, TOKEN)]);
+    server::start_from_file_with_env(&file.0, listener, env)
         .await
         .expect("proxy starts")
 }
@@ -300,7 +303,8 @@ async fn a_removed_tenant_drains_and_its_key_is_refused_and_a_new_key_works() {
 async fn a_server_started_without_a_file_cannot_reload() {
     let mock = mock().await;
     let var = token_var();
-    let proxy = proxy(&toml(&mock.base_url(), &var, 1, &[("a", "1.0")])).await;
+    let toml = toml(&mock.base_url(), &var, 1, &[("a", "1.0")]);
+    let proxy = proxy_with_env(&toml, &[(TOKEN_VAR, TOKEN)]).await;
     reload(proxy.addr).await.assert_error(409, "no_config_file");
     assert!(matches!(proxy.reload(), Err(ReloadError::NoFile)));
 }

@@ -73,12 +73,60 @@ pub struct State {
     pub reloader: Option<Weak<dyn crate::admin::Reload>>,
     /// Cluster mode (`[cluster]`): shared capacity, fairness and rate limits.
     pub cluster: Option<Arc<crate::cluster::Cluster>>,
+    /// Where the `*_env` settings are read from (at startup and at each reload).
+    pub env: Env,
+}
+
+/// Where `*_env` settings (provider keys, the admin token) are read from: the process
+/// environment, or — for tests and embedding, which must not `set_var` in a process that runs
+/// other threads — a map of its own.
+#[derive(Clone, Default)]
+pub struct Env(Option<Arc<std::collections::HashMap<String, String>>>);
+
+impl Env {
+    /// The process environment.
+    pub fn process() -> Self {
+        Self(None)
+    }
+
+    /// Exactly `vars` (the process environment is not read).
+    pub fn vars<K: Into<String>, V: Into<String>>(vars: impl IntoIterator<Item = (K, V)>) -> Self {
+        Self(Some(Arc::new(
+            vars.into_iter()
+                .map(|(k, v)| (k.into(), v.into()))
+                .collect(),
+        )))
+    }
+
+    /// The value of `var`, if set.
+    pub fn get(&self, var: &str) -> Option<String> {
+        match &self.0 {
+            None => std::env::var(var).ok(),
+            Some(map) => map.get(var).cloned(),
+        }
+    }
+}
+
+impl std::fmt::Debug for Env {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Names only: values are secrets.
+        match &self.0 {
+            None => f.write_str("Env(process)"),
+            Some(map) => f.debug_set().entries(map.keys()).finish(),
+        }
+    }
 }
 
 impl State {
-    /// Builds the shared state, reading `*_env` variables (unset → error naming the key).
+    /// Builds the shared state, reading `*_env` variables from the process environment (unset
+    /// → error naming the key).
     pub fn new(config: Config) -> Result<Self, ConfigError> {
-        let env = |var: &str| std::env::var(var).ok();
+        Self::with_env(config, Env::process())
+    }
+
+    /// As [`State::new`], reading `*_env` variables from `env`.
+    pub fn with_env(config: Config, env_source: Env) -> Result<Self, ConfigError> {
+        let env = |var: &str| env_source.get(var);
         let tenants = Arc::new(Directory::from_config(&config, env)?);
         let lanes = workers::count(&config.server);
         let upstreams = config
@@ -115,6 +163,7 @@ impl State {
             upstreams,
             ready: Arc::new(AtomicBool::new(false)),
             reloader: None,
+            env: env_source,
         })
     }
 
@@ -269,7 +318,16 @@ impl ServerHandle {
 /// Starts serving `config` on `listener` in the background. Such a server has no file to
 /// reload from: `POST /admin/reload` answers 409 (see [`start_from_file`]).
 pub async fn start(config: Config, listener: TcpListener) -> Result<ServerHandle, StartError> {
-    start_with(config, None, listener).await
+    start_with(config, None, listener, Env::process()).await
+}
+
+/// As [`start`], reading `*_env` settings from `env` instead of the process environment.
+pub async fn start_with_env(
+    config: Config,
+    listener: TcpListener,
+    env: Env,
+) -> Result<ServerHandle, StartError> {
+    start_with(config, None, listener, env).await
 }
 
 /// Starts serving the config file at `path` on `listener`; SIGHUP (under `serve`) and
@@ -278,18 +336,28 @@ pub async fn start_from_file(
     path: impl Into<PathBuf>,
     listener: TcpListener,
 ) -> Result<ServerHandle, StartError> {
+    start_from_file_with_env(path, listener, Env::process()).await
+}
+
+/// As [`start_from_file`], reading `*_env` settings from `env` (at start and at each reload).
+pub async fn start_from_file_with_env(
+    path: impl Into<PathBuf>,
+    listener: TcpListener,
+    env: Env,
+) -> Result<ServerHandle, StartError> {
     let path = path.into();
     let config = Config::load(&path)?;
-    start_with(config, Some(path), listener).await
+    start_with(config, Some(path), listener, env).await
 }
 
 async fn start_with(
     config: Config,
     path: Option<PathBuf>,
     listener: TcpListener,
+    env: Env,
 ) -> Result<ServerHandle, StartError> {
     let n = workers::count(&config.server);
-    start_on(config, path, workers::share(listener, n)?).await
+    start_on(config, path, workers::share(listener, n)?, env).await
 }
 
 /// Starts the server on `listeners` (one per connection worker, all on one address).
@@ -297,6 +365,7 @@ async fn start_on(
     config: Config,
     path: Option<PathBuf>,
     listeners: Vec<std::net::TcpListener>,
+    env: Env,
 ) -> Result<ServerHandle, StartError> {
     let addr = listeners
         .first()
@@ -310,7 +379,7 @@ async fn start_on(
         Some(a) => Some(TcpListener::bind(a).await?),
         None => None,
     };
-    let state = State::new(config)?;
+    let state = State::with_env(config, env)?;
     let pools = state.pools.clone();
     let admission = state.admission.clone();
     let estimator = state.estimator.clone();
@@ -396,7 +465,7 @@ pub async fn run(config: Config, path: Option<PathBuf>) -> Result<(), StartError
     crate::fdlimit::raise();
     let listeners = workers::bind(config.server.listen, workers::count(&config.server)).await?;
     let reloadable = path.is_some();
-    let handle = start_on(config, path, listeners).await?;
+    let handle = start_on(config, path, listeners, Env::process()).await?;
     tracing::info!(addr = %handle.addr, admin = ?handle.admin_addr, "fairgate listening");
     if reloadable {
         reload_on_sighup(handle.live.clone());

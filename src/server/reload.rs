@@ -48,7 +48,7 @@ impl State {
             restart_required,
             ..diff::diff(&self.config, &config)
         };
-        let env = |var: &str| std::env::var(var).ok();
+        let env = |var: &str| self.env.get(var);
         let tenants = Arc::new(Directory::from_config(&config, env)?);
         let admin_token = Self::admin_token(&config, env)?;
         // Which old pool each new upstream continues (matched by name).
@@ -109,6 +109,7 @@ impl State {
             upstreams,
             ready: self.ready.clone(),
             reloader: self.reloader.clone(),
+            env: self.env.clone(),
             cluster: None,
         };
         Ok((state, changes))

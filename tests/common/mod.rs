@@ -75,6 +75,16 @@ pub async fn proxy(toml: &str) -> ServerHandle {
     server::start(config, listener).await.expect("proxy starts")
 }
 
+/// Starts fairgate on 127.0.0.1:0 with the given TOML, its `*_env` settings read from `env`
+/// (tests run in parallel threads of one process: none may `set_var`).
+pub async fn proxy_with_env(toml: &str, env: &[(&str, &str)]) -> ServerHandle {
+    let config = Config::from_toml_str(toml).expect("valid test config");
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    server::start_with_env(config, listener, server::Env::vars(env.iter().copied()))
+        .await
+        .expect("proxy starts")
+}
+
 /// Starts a mock and a proxy in front of it with the default test config.
 pub async fn pair() -> (MockServer, ServerHandle) {
     let mock = mock().await;
@@ -82,7 +92,7 @@ pub async fn pair() -> (MockServer, ServerHandle) {
     (mock, proxy)
 }
 
-/// A unique env var name for this test process and `tag`.
+/// A unique env var name for this test process and `tag` (for [`proxy_with_env`]).
 pub fn unique_env(tag: &str) -> String {
     format!(
         "FG_TEST_KEY_{}_{}_{}",
