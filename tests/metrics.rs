@@ -6,14 +6,10 @@
 mod common;
 
 use std::io::Write;
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
-use bytes::Bytes;
 use common::*;
 use fairgate::mock::MockConfig;
-use http::Request;
-use http_body_util::Full;
 
 /// One pool of `capacity` slots; tenants `(id, extra lines)`; `extra` appended at the top.
 fn cfg(base_url: &str, capacity: usize, extra: &str, tenants: &[(&str, &str)]) -> String {
