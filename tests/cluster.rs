@@ -637,14 +637,18 @@ async fn h_a_limit_learned_from_429s_is_shared_by_the_replicas() {
     let tenants = [("a", 1.0, "")];
     let rs = replicas(|i| replica_config(&redis, &mock.base_url(), i, 12, 1024, &tenants)).await;
     let conn = redis.conn().await;
-    let start = tokio::time::Instant::now();
-    let late = move || start.elapsed() > Duration::from_secs(1);
+    // "Late": once the replicas have learned and shared a limit near K (an event, not a time).
+    let learned = Arc::new(AtomicBool::new(false));
+    let late = {
+        let learned = learned.clone();
+        move || learned.load(Ordering::Relaxed)
+    };
     let stop = Arc::new(AtomicBool::new(false));
-    // [ok after 1 s, 429 after 1 s, other statuses]
+    // [ok once learned, 429 once learned, other statuses]
     let tally: Arc<[AtomicUsize; 3]> = Arc::default();
     let mut clients = Vec::new();
     for c in 0..18 {
-        let (addr, stop, tally) = (rs[c % 3].addr, stop.clone(), tally.clone());
+        let (addr, stop, tally, late) = (rs[c % 3].addr, stop.clone(), tally.clone(), late.clone());
         clients.push(tokio::spawn(async move {
             for _ in 0..2000 {
                 if stop.load(Ordering::Relaxed) {
@@ -662,10 +666,27 @@ async fn h_a_limit_learned_from_429s_is_shared_by_the_replicas() {
             }
         }));
     }
-    // After the first second: the provider's refusals, and the cluster's leased slots (what
-    // the replicas together let through to the provider), sampled.
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let (rejected_at_1s, completed_at_1s) = (mock.stats.rejected_429(), mock.stats.completed());
+    // Once the shared limit is near K: the provider's refusals, and the cluster's leased slots
+    // (what the replicas together let through to the provider), sampled.
+    let mut shared_limit = None;
+    for _ in 0..1000 {
+        shared_limit = redis::cmd("GET")
+            .arg("fairgate:pool:mock:limit")
+            .query_async::<Option<u32>>(&mut conn.clone())
+            .await
+            .unwrap();
+        if shared_limit.is_some_and(|l| l <= 6) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        shared_limit.is_some_and(|l| l <= 6),
+        "the replicas learned and shared a limit near K: {shared_limit:?}"
+    );
+    learned.store(true, Ordering::Relaxed);
+    let (rejected_at_settle, completed_at_settle) =
+        (mock.stats.rejected_429(), mock.stats.completed());
     let mut max_leased = 0;
     let mut samples = Vec::new();
     for _ in 0..200 {
@@ -678,8 +699,8 @@ async fn h_a_limit_learned_from_429s_is_shared_by_the_replicas() {
     for c in clients {
         c.await.unwrap();
     }
-    let rejected = mock.stats.rejected_429() - rejected_at_1s;
-    let completed = mock.stats.completed() - completed_at_1s;
+    let rejected = mock.stats.rejected_429() - rejected_at_settle;
+    let completed = mock.stats.completed() - completed_at_settle;
     let mean = samples.iter().sum::<u64>() as f64 / samples.len() as f64;
     let (ok, limited, other) = (
         tally[0].load(Ordering::Relaxed),
@@ -693,7 +714,7 @@ async fn h_a_limit_learned_from_429s_is_shared_by_the_replicas() {
         .await
         .unwrap();
     eprintln!(
-        "cluster 429 storm (K = 4, configured 12 over 3 replicas), after the first second: \
+        "cluster 429 storm (K = 4, configured 12 over 3 replicas), once the limit was learned: \
          clients {ok} ok / {limited} 429 / {other} other; provider completed {completed}, \
          refused {rejected}; cluster leases max {max_leased} mean {mean:.2}; shared limit \
          {shared:?}, local learned limits {limits:?}"
@@ -741,18 +762,40 @@ async fn i_token_refunds_reconcile_across_replicas() {
     let budget = "tokens_per_minute = 6000";
     let tenants = [("exact", 1.0, budget), ("cheap", 1.0, budget)];
     let rs = replicas(|i| replica_config(&redis, &mock.base_url(), i, 6, 1024, &tenants)).await;
+    // (corrections recorded, applied in Redis) summed over the replicas.
+    let corrections = |rs: &[ServerHandle]| {
+        rs.iter()
+            .map(|r| r.state().cluster.as_ref().unwrap().corrections())
+            .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+    };
     let (mut exact, mut cheap) = (0, 0);
     for i in 0..30 {
         let addr = rs[i % 3].addr;
+        let before = corrections(&rs).0;
+        let mut refunded = false;
         for (tenant, out, count) in [("exact", "500", &mut exact), ("cheap", "1", &mut cheap)] {
             match chat(addr, tenant, 500, &[("x-mock-output-tokens", out)]).await {
-                200 => *count += 1,
+                200 => {
+                    *count += 1;
+                    refunded |= tenant == "cheap";
+                }
                 429 => {}
                 s => panic!("unexpected status {s}"),
             }
         }
-        // Room for a sync tick (50 ms) to flush the corrections.
-        tokio::time::sleep(Duration::from_millis(120)).await;
+        // An admitted cheap request records a refund; wait (for that event, not for a time)
+        // until it, and every correction recorded so far, is applied in Redis by a sync flush.
+        if refunded {
+            assert!(
+                eventually(|| {
+                    let (recorded, applied) = corrections(&rs);
+                    recorded > before && recorded == applied
+                })
+                .await,
+                "corrections flushed: {:?}",
+                corrections(&rs)
+            );
+        }
     }
     eprintln!(
         "tokens_per_minute = 6000 over 3 replicas, 30 requests of ~500 estimated tokens each: \

@@ -127,6 +127,12 @@ impl Cluster {
         })
     }
 
+    /// (ledger corrections recorded here, of which applied in Redis by a sync flush): equal
+    /// once every reconciled estimate has reached the other replicas.
+    pub fn corrections(&self) -> (u64, u64) {
+        self.store.corrections()
+    }
+
     /// Starts the lease gates and the syncer; they stop after `stop` turns true (a gate once
     /// its pool has drained, releasing its leases).
     pub fn spawn(&self, stop: watch::Receiver<bool>) {

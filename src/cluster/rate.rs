@@ -72,6 +72,11 @@ pub struct RedisStore {
     /// Degraded mode: the soft limits' local allowance.
     local: MemoryStore,
     pending: Mutex<HashMap<TenantId, i64>>,
+    /// Ledger corrections recorded here (`adjust` calls with a non-zero delta), and how many of
+    /// them a successful flush has applied in Redis: equal once everything is flushed.
+    corrections: [std::sync::atomic::AtomicU64; 2],
+    /// Corrections taken for flushes so far (each batch is applied when its flush succeeds).
+    taken: std::sync::atomic::AtomicU64,
     /// Each tenant's buckets as of its last admission here (the `x-ratelimit-*` headers of a
     /// response admission did not charge; reading Redis for them would cost a round trip).
     last: Mutex<HashMap<TenantId, RateState>>,
@@ -123,12 +128,32 @@ impl RedisStore {
             tenants,
             pending: Mutex::default(),
             last: Mutex::default(),
+            corrections: Default::default(),
+            taken: Default::default(),
         }
     }
 
-    /// Pending ledger corrections, taken for a flush.
-    pub(super) fn take_pending(&self) -> HashMap<TenantId, i64> {
-        std::mem::take(&mut *self.pending.lock().unwrap_or_else(|p| p.into_inner()))
+    /// Pending ledger corrections, taken for a flush, and how many corrections they merge.
+    pub(super) fn take_pending(&self) -> (HashMap<TenantId, i64>, u64) {
+        use std::sync::atomic::Ordering;
+        let mut p = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        let recorded = self.corrections[0].load(Ordering::Relaxed);
+        let merged = recorded - self.taken.swap(recorded, Ordering::Relaxed);
+        (std::mem::take(&mut *p), merged)
+    }
+
+    /// A batch holding `n` corrections was applied in Redis.
+    pub(super) fn applied(&self, n: u64) {
+        self.corrections[1].fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// (corrections recorded, corrections applied in Redis): equal when nothing is pending.
+    pub fn corrections(&self) -> (u64, u64) {
+        use std::sync::atomic::Ordering;
+        (
+            self.corrections[0].load(Ordering::Relaxed),
+            self.corrections[1].load(Ordering::Relaxed),
+        )
     }
 
     /// Degraded admission: soft limits locally, hard token budgets closed.
@@ -229,5 +254,7 @@ impl RateStore for RedisStore {
         let mut p = self.pending.lock().unwrap_or_else(|p| p.into_inner());
         let e = p.entry(tenant.clone()).or_insert(0);
         *e = e.saturating_add(delta);
+        // Counted under the lock, so `take_pending` sees the count and the delta together.
+        self.corrections[0].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 }

@@ -42,6 +42,8 @@ struct Batch {
     seq: u64,
     service: HashMap<String, f64>,
     rate: Vec<(String, i64, f64, u64)>,
+    /// Ledger corrections merged into `rate`.
+    corrections: u64,
 }
 
 /// The sync task's state; see the module docs.
@@ -88,8 +90,12 @@ impl Syncer {
                 *service.entry(field).or_insert(0.0) += tokens as f64 / weight.get();
             }
         }
+        let (pending, corrections) = self
+            .store
+            .as_ref()
+            .map_or_else(Default::default, |s| s.take_pending());
         let rate = self.store.as_ref().map_or_else(Vec::new, |s| {
-            s.take_pending()
+            pending
                 .into_iter()
                 .filter_map(|(t, d)| {
                     let l = s.tenants.get(&t)?;
@@ -98,7 +104,12 @@ impl Syncer {
                 })
                 .collect()
         });
-        Batch { seq, service, rate }
+        Batch {
+            seq,
+            service,
+            rate,
+            corrections,
+        }
     }
 
     /// Ticks until `stop`, with one final flush.
@@ -118,6 +129,9 @@ impl Syncer {
             });
             match self.flush(&b).await {
                 Some(global) => {
+                    if let Some(s) = &self.store {
+                        s.applied(b.corrections);
+                    }
                     // Across an outage (the epoch moved) the baseline is read afresh.
                     let epoch = self.link.epoch();
                     if let Some((e, prev)) = &seen {
