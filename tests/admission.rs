@@ -740,3 +740,61 @@ async fn a_429_that_outlasts_the_retries_is_passed_on_and_counted_as_exhausted()
         "{text}"
     );
 }
+
+/// A provider 429 that clears is retried inside the permit and succeeds, and the extra attempt
+/// is the tenant's own cost: its fair-queue credit ends lower than a tenant that sent the same
+/// request without a retry.
+#[tokio::test]
+async fn a_retry_that_then_succeeds_is_served_and_charged_to_its_tenant() {
+    let mock = mock_with(MockConfig {
+        max_concurrency: Some(1),
+        retry_after: Duration::from_millis(100),
+        ..MockConfig::default()
+    })
+    .await;
+    let admission =
+        "[admission]\nmax_retries = 5\nretry_backoff_ms = 20\nretry_backoff_max_ms = 50\n";
+    let p = Arc::new(
+        proxy(&format!(
+            "{admission}{}",
+            config(&mock.base_url(), "", "max_concurrency = 2", "")
+        ))
+        .await,
+    );
+    // b alone, no retry: the control.
+    assert_eq!(
+        chat_as(&p, KEY_B, &chat("gpt-4o-mini"), &[]).await.status,
+        200
+    );
+    // b holds the provider's only slot; a's request meets its 429, waits, and is retried.
+    let holder = {
+        let p = p.clone();
+        tokio::spawn(async move {
+            let slow = [("x-mock-delay-ms", "400")];
+            chat_as(&p, KEY_B, &chat("gpt-4o-mini"), &slow).await.status
+        })
+    };
+    assert!(eventually(|| mock.stats.in_flight() == 1).await);
+    let r = chat_as(&p, KEY_A, &chat("gpt-4o-mini"), &[]).await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(holder.await.unwrap(), 200);
+    assert!(
+        mock.stats.rejected_429() >= 1,
+        "the provider refused a's first attempt"
+    );
+    let retries = p.admission.retries.retries.load(Ordering::Relaxed);
+    assert!(retries >= 1);
+    assert!(eventually(|| p.pools[0].load() == (0, 0)).await);
+    let credit = |t: &str| {
+        p.pools[0]
+            .credit(&fairgate::domain::TenantId::new(t))
+            .unwrap()
+    };
+    // b's credit went back to zero (or a small under-estimate); a carries the attempts' debt.
+    assert!(
+        credit("a") < credit("b"),
+        "a {} vs b {} after {retries} retries",
+        credit("a"),
+        credit("b")
+    );
+}

@@ -299,3 +299,64 @@ async fn a_full_tenant_queue_gets_429_with_retry_after() {
         assert_eq!(h.await.unwrap().status, 200);
     }
 }
+
+/// A tenant's `max_concurrency` slot is held until its stream's body ends, not its head: a
+/// second request of the tenant waits while the first stream is open, and is dispatched once
+/// the client has read it to the end.
+#[tokio::test]
+async fn a_tenant_concurrency_slot_is_held_until_its_stream_ends() {
+    use http_body_util::BodyExt;
+    let mock = mock().await;
+    let toml = format!(
+        "[[upstreams]]\nname = \"mock\"\nbase_url = \"{}\"\nmax_concurrency = 4\n\
+         [[tenants]]\nid = \"a\"\napi_keys = [\"key-a\"]\nmax_concurrency = 1\n",
+        mock.base_url()
+    );
+    let proxy = proxy(&toml).await;
+    let a = fairgate::domain::TenantId::new("a");
+    // A stream of 40 tokens, 25 ms apart: its head arrives at once, its end a second later.
+    let stream = r#"{"model":"gpt-4o-mini","max_tokens":40,"stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    let mut req = post(
+        proxy.addr,
+        "/v1/chat/completions",
+        Some("key-a"),
+        stream,
+        &[],
+    );
+    req.headers_mut().insert(
+        "x-mock-token-delay-ms",
+        http::HeaderValue::from_static("25"),
+    );
+    let res = client().request(req).await.unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(proxy.pools[0].tenant_load(&a), Some((0, 1)));
+    // The second request queues behind the open stream.
+    let addr = proxy.addr;
+    let second = tokio::spawn(async move {
+        send(post(
+            addr,
+            "/v1/chat/completions",
+            Some("key-a"),
+            &body(8),
+            &[],
+        ))
+        .await
+    });
+    assert!(eventually(|| proxy.pools[0].tenant_load(&a) == Some((1, 1))).await);
+    assert!(
+        !second.is_finished(),
+        "not dispatched while the stream is open"
+    );
+    // Reading the stream to its end releases the slot, and the second is served.
+    let text = res.into_body().collect().await.unwrap().to_bytes();
+    assert!(text.ends_with(b"data: [DONE]\n\n"));
+    let r = second.await.unwrap();
+    assert_eq!(r.status, 200);
+    let waited: u64 = r.headers["x-fairgate-queue-ms"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(waited > 0, "it was queued");
+    assert!(eventually(|| proxy.pools[0].load() == (0, 0)).await);
+}
