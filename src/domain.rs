@@ -214,3 +214,31 @@ impl OutputKey {
         }
     }
 }
+
+/// A duration as Go (and so OpenAI) prints it, to the millisecond: `0s`, `250ms`, `6s`,
+/// `8.64s`, `1m30s`, `6m0s`, `1h2m3s`.
+pub fn go_duration(d: std::time::Duration) -> String {
+    let ms = d.as_millis();
+    if ms == 0 {
+        return "0s".into();
+    }
+    if ms < 1000 {
+        return format!("{ms}ms");
+    }
+    let (h, m, s, frac) = (ms / 3_600_000, ms / 60_000 % 60, ms / 1000 % 60, ms % 1000);
+    let mut out = String::new();
+    if h > 0 {
+        out.push_str(&format!("{h}h"));
+    }
+    if h > 0 || m > 0 {
+        out.push_str(&format!("{m}m"));
+    }
+    out.push_str(&s.to_string());
+    if frac > 0 {
+        let digits = format!("{frac:03}");
+        out.push('.');
+        out.push_str(digits.trim_end_matches('0'));
+    }
+    out.push('s');
+    out
+}

@@ -32,7 +32,12 @@ pub trait ApiError: std::error::Error + Send + Sync + 'static {
     fn limit(&self) -> Option<&'static str> {
         None
     }
-    /// Extra response headers (e.g. `Retry-After`).
+    /// When the client may retry: rendered as `Retry-After` (whole seconds, rounded up) and
+    /// `retry-after-ms` (which the OpenAI SDKs prefer).
+    fn retry_after(&self) -> Option<std::time::Duration> {
+        None
+    }
+    /// Extra response headers.
     fn headers(&self) -> Vec<(HeaderName, HeaderValue)> {
         Vec::new()
     }
@@ -103,10 +108,14 @@ impl Error {
         self
     }
 
-    /// Every header of the eventual response beyond content type: the stage's own, the
-    /// `x-fairgate-limit`, then what stages above added.
+    /// Every header of the eventual response beyond content type: `Retry-After` and
+    /// `retry-after-ms`, the stage's own, the `x-fairgate-limit`, then what stages above added.
     pub fn all_headers(&self) -> Vec<(HeaderName, HeaderValue)> {
-        let mut h = self.inner.headers();
+        let mut h = Vec::new();
+        if let Some(wait) = self.inner.retry_after() {
+            h.extend(retry_headers(wait));
+        }
+        h.extend(self.inner.headers());
         if let Some(limit) = self.inner.limit() {
             h.push((
                 HeaderName::from_static(LIMIT_HEADER),
@@ -156,6 +165,22 @@ impl ApiError for Internal {
     }
 }
 
+/// Response header: the wait in milliseconds, beside `Retry-After` (the OpenAI SDKs read it
+/// first).
+pub const RETRY_AFTER_MS: &str = "retry-after-ms";
+
+/// `Retry-After` (whole seconds, rounded up, at least 1) and `retry-after-ms` for `wait`.
+pub fn retry_headers(wait: std::time::Duration) -> [(HeaderName, HeaderValue); 2] {
+    let ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1);
+    [
+        (http::header::RETRY_AFTER, HeaderValue::from(secs(wait))),
+        (
+            HeaderName::from_static(RETRY_AFTER_MS),
+            HeaderValue::from(ms),
+        ),
+    ]
+}
+
 /// Whole seconds, rounded up, at least 1 (`Retry-After`).
 pub fn secs(d: std::time::Duration) -> u64 {
     let whole = d.as_secs() + u64::from(d.subsec_nanos() > 0);
@@ -183,8 +208,8 @@ mod tests {
         fn limit(&self) -> Option<&'static str> {
             Some("tenant")
         }
-        fn headers(&self) -> Vec<(HeaderName, HeaderValue)> {
-            vec![(http::header::RETRY_AFTER, HeaderValue::from(3))]
+        fn retry_after(&self) -> Option<std::time::Duration> {
+            Some(std::time::Duration::from_millis(2500))
         }
         fn reason(&self) -> &'static str {
             "request_rate"
@@ -207,8 +232,19 @@ mod tests {
         let names: Vec<String> = e.all_headers().iter().map(|(k, _)| k.to_string()).collect();
         assert_eq!(
             names,
-            ["retry-after", LIMIT_HEADER, "x-ratelimit-limit-requests"]
+            [
+                "retry-after",
+                RETRY_AFTER_MS,
+                LIMIT_HEADER,
+                "x-ratelimit-limit-requests"
+            ]
         );
+        let values: Vec<String> = e
+            .all_headers()
+            .iter()
+            .map(|(_, v)| v.to_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(values[..2], ["3", "2500"]);
         let bug = Error::internal("x");
         assert_eq!(bug.status(), 500);
         assert!(!bug.never_sent());

@@ -1,7 +1,8 @@
 //! The outermost layer: creates the request's [`Ctx`], and turns every outcome into exactly one
 //! response — a stage's [`Error`] into OpenAI's error shape (here and nowhere else), a panic
 //! into a 500 instead of a dropped connection — and writes `x-fairgate-queue-ms` (time queued,
-//! from the context; 0 for requests that were never queued).
+//! from the context; 0 for requests that were never queued) and `x-request-id` (the client's,
+//! else the provider's, else one generated at arrival) on every response.
 //!
 //! Invariant: its service never fails (`Error = Infallible`), so hyper only ever sees responses.
 
@@ -16,7 +17,7 @@ use futures_util::future::CatchUnwind;
 use futures_util::FutureExt;
 use http::{header, HeaderValue, Request, Response, StatusCode};
 
-use crate::context::Ctx;
+use crate::context::{Ctx, REQUEST_ID_HEADER};
 use crate::error::Error;
 use crate::response::ResponseBody;
 
@@ -98,7 +99,7 @@ where
     }
 
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
-        let ctx = Ctx::new();
+        let ctx = Ctx::with_request_id(req.headers().get(REQUEST_ID_HEADER));
         req.extensions_mut().insert(ctx.clone());
         if let Some(e) = self.not_ready.take() {
             return RenderFuture::Failed {
@@ -147,8 +148,9 @@ fn finish(
         }
     };
     let queued = ctx.dispatch().map_or(0, |d| d.waited.as_millis() as u64);
-    res.headers_mut()
-        .insert(QUEUE_MS_HEADER, HeaderValue::from(queued));
+    let h = res.headers_mut();
+    h.insert(QUEUE_MS_HEADER, HeaderValue::from(queued));
+    h.insert(REQUEST_ID_HEADER, ctx.request_id().clone());
     res
 }
 
@@ -238,5 +240,9 @@ mod tests {
             .unwrap();
         assert_eq!(res.status(), 200);
         assert_eq!(res.headers()[QUEUE_MS_HEADER], "42");
+        assert!(res.headers()[REQUEST_ID_HEADER]
+            .to_str()
+            .unwrap()
+            .starts_with("fg-"));
     }
 }

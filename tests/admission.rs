@@ -316,6 +316,8 @@ async fn deadlines_fail_fast_when_infeasible_and_expire_in_queue_with_504() {
     r.assert_error(429, "deadline_infeasible");
     assert_eq!(header(&r, "x-fairgate-limit"), Some("queue"));
     assert!(header(&r, "retry-after").unwrap().parse::<u64>().unwrap() >= 2);
+    let ms: u64 = header(&r, "retry-after-ms").unwrap().parse().unwrap();
+    assert!(ms >= 1000, "retry-after-ms {ms}");
     assert_eq!(p.pools[0].load(), (3, 1), "refused at once, nothing queued");
     // Each tenant missed one deadline: b's expired in the queue, a's was infeasible.
     let text = common::scrape(p.addr).await;
@@ -385,7 +387,12 @@ fn assert_rate_headers(r: &Collected, what: &str) -> u64 {
         "{what}"
     );
     for h in ["x-ratelimit-reset-requests", "x-ratelimit-reset-tokens"] {
-        assert!(header(r, h).is_some(), "{what}: {h}");
+        // OpenAI's duration format: `250ms`, `6s`, `1m30s`, `1.5s` (never `6.000s`).
+        let v = header(r, h).unwrap_or_else(|| panic!("{what}: {h}"));
+        assert!(
+            v.ends_with('s') && !v.contains(".000") && v.starts_with(|c: char| c.is_ascii_digit()),
+            "{what}: {h}: {v}"
+        );
     }
     header(r, "x-ratelimit-remaining-requests")
         .unwrap()
@@ -722,6 +729,10 @@ async fn a_429_that_outlasts_the_retries_is_passed_on_and_counted_as_exhausted()
     r.assert_error(429, "rate_limit_exceeded");
     assert_eq!(header(&r, "x-fairgate-limit"), Some("upstream"));
     assert!(header(&r, "retry-after").is_some());
+    assert!(
+        header(&r, "retry-after-ms").is_some(),
+        "the SDKs' preferred header"
+    );
     assert_eq!(
         mock.stats.requests(),
         3,

@@ -306,3 +306,65 @@ async fn silent_upstream_stream_is_cut_after_idle_timeout() {
     assert!(collected.is_err(), "a cut stream must not look complete");
     assert!(eventually(|| mock.stats.in_flight() == 0).await);
 }
+
+/// Every response carries `x-request-id`: the client's own (also sent upstream), else the
+/// provider's, else one fairgate generated (also sent upstream, for correlation) — refusals too.
+#[tokio::test]
+async fn every_response_carries_a_request_id() {
+    use fairgate::mock::Profile;
+    let id = |r: &Collected| r.headers["x-request-id"].to_str().unwrap().to_owned();
+    // Ideal mock (no ids of its own): generated, and the provider saw the same one.
+    let mock = mock().await;
+    let proxy = proxy(&config(&mock.base_url(), "", "", "")).await;
+    let r = send(post(
+        proxy.addr,
+        "/v1/chat/completions",
+        Some(KEY_A),
+        &chat("gpt-4o"),
+        &[],
+    ))
+    .await;
+    assert_eq!(r.status, 200);
+    let generated = id(&r);
+    assert!(generated.starts_with("fg-"), "{generated}");
+    let seen = mock.stats.seen_headers();
+    assert_eq!(seen.last().unwrap()["x-request-id"], generated.as_str());
+    // The client's own is kept and forwarded.
+    let r = send(post(
+        proxy.addr,
+        "/v1/chat/completions",
+        Some(KEY_A),
+        &chat("gpt-4o"),
+        &[("x-request-id", "client-42")],
+    ))
+    .await;
+    assert_eq!(id(&r), "client-42");
+    assert_eq!(
+        mock.stats.seen_headers().last().unwrap()["x-request-id"],
+        "client-42"
+    );
+    // A refusal (no provider involved) gets one too.
+    let r = send(post(
+        proxy.addr,
+        "/v1/chat/completions",
+        Some("nope"),
+        &chat("gpt-4o"),
+        &[],
+    ))
+    .await;
+    assert_eq!(r.status, 401);
+    assert!(id(&r).starts_with("fg-"));
+    // A provider that names its answers: the client sees the provider's id.
+    let openai = mock_profile(Profile::Openai).await;
+    let named = common::proxy(&config(&openai.base_url(), "", "", "")).await;
+    let r = send(post(
+        named.addr,
+        "/v1/chat/completions",
+        Some(KEY_A),
+        &chat("gpt-4o"),
+        &[],
+    ))
+    .await;
+    assert_eq!(r.status, 200);
+    assert!(id(&r).starts_with("req_"), "{}", id(&r));
+}

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use http::{header, HeaderName, HeaderValue, StatusCode};
+use http::StatusCode;
 
 use crate::domain::Tokens;
 use crate::error::{secs, ApiError};
@@ -102,15 +102,14 @@ impl ApiError for Error {
             _ => None,
         }
     }
-    fn headers(&self) -> Vec<(HeaderName, HeaderValue)> {
-        let wait = match self {
+    fn retry_after(&self) -> Option<Duration> {
+        match self {
             Error::RequestRate { retry_after } | Error::TokenRate { retry_after, .. } => {
-                *retry_after
+                Some(*retry_after)
             }
-            Error::DeadlineInfeasible { predicted, .. } => *predicted,
-            _ => return Vec::new(),
-        };
-        vec![(header::RETRY_AFTER, HeaderValue::from(secs(wait)))]
+            Error::DeadlineInfeasible { predicted, .. } => Some(*predicted),
+            _ => None,
+        }
     }
     fn reason(&self) -> &'static str {
         match self {

@@ -31,6 +31,11 @@ pub use tenant::{Identity, Tenant};
 pub struct Context {
     /// When the request arrived. Writer: `render`, at creation.
     started: Instant,
+    /// The client's `x-request-id` (visible ASCII, at most 128 bytes), else one generated here.
+    /// Writer: `render`, at creation.
+    request_id: RequestId,
+    /// The provider's `x-request-id`. Writer: `upstream`.
+    upstream_request_id: OnceLock<http::HeaderValue>,
     /// Who is calling. Writer: `tenant`.
     identity: OnceLock<Identity>,
     /// The parsed JSON body of a JSON endpoint. Writer: `body`.
@@ -64,11 +69,48 @@ impl std::ops::Deref for Ctx {
     }
 }
 
+/// A request's own id and where it came from.
+#[derive(Debug)]
+struct RequestId {
+    value: http::HeaderValue,
+    from_client: bool,
+}
+
+/// Response and request header: the request id.
+pub const REQUEST_ID_HEADER: &str = "x-request-id";
+
+/// Longest client request id kept (a longer or non-printable one is replaced).
+const MAX_REQUEST_ID: usize = 128;
+
 impl Ctx {
     /// A new, empty context for a request arriving now.
     pub fn new() -> Self {
+        Self::with_request_id(None)
+    }
+
+    /// A new context for a request that carried `client_id` as its `x-request-id` (kept if it
+    /// is visible ASCII of at most 128 bytes, else a fresh id is generated).
+    pub fn with_request_id(client_id: Option<&http::HeaderValue>) -> Self {
+        let kept = client_id.filter(|v| {
+            !v.is_empty()
+                && v.len() <= MAX_REQUEST_ID
+                && v.as_bytes().iter().all(|b| b.is_ascii_graphic())
+        });
+        let request_id = match kept {
+            Some(v) => RequestId {
+                value: v.clone(),
+                from_client: true,
+            },
+            None => RequestId {
+                value: http::HeaderValue::try_from(format!("fg-{:032x}", rand::random::<u128>()))
+                    .expect("hex is a valid header value"),
+                from_client: false,
+            },
+        };
         Self(Arc::new(Context {
             started: Instant::now(),
+            request_id,
+            upstream_request_id: OnceLock::new(),
             identity: OnceLock::new(),
             request: OnceLock::new(),
             route: OnceLock::new(),
@@ -126,6 +168,26 @@ impl Context {
     /// When the request arrived.
     pub fn started(&self) -> Instant {
         self.started
+    }
+
+    /// The request's id as the client sees it: the client's own, else the provider's, else
+    /// the one generated at arrival.
+    pub fn request_id(&self) -> &http::HeaderValue {
+        match self.upstream_request_id.get() {
+            Some(up) if !self.request_id.from_client => up,
+            _ => &self.request_id.value,
+        }
+    }
+
+    /// The id fairgate forwards upstream when the client sent none (the generated one).
+    pub fn own_request_id(&self) -> &http::HeaderValue {
+        &self.request_id.value
+    }
+
+    /// Writer: `upstream` (the provider's `x-request-id` of the answer passed on; the first
+    /// write wins).
+    pub fn set_upstream_request_id_once(&self, v: http::HeaderValue) {
+        let _ = self.upstream_request_id.set(v);
     }
 
     /// The identity, if `tenant` has run.
@@ -221,6 +283,24 @@ mod tests {
         assert!(e.to_string().contains("`route` must run"), "{e}");
         ctx.set_route(Route { pool: 2 });
         assert_eq!(ctx.route().unwrap().pool, 2);
+    }
+
+    #[test]
+    fn the_request_id_is_the_clients_else_the_providers_else_generated() {
+        let generated = Ctx::new();
+        let own = generated.request_id().clone();
+        assert!(own.to_str().unwrap().starts_with("fg-"));
+        generated.set_upstream_request_id_once(http::HeaderValue::from_static("req_up"));
+        assert_eq!(generated.request_id(), "req_up");
+        assert_eq!(generated.own_request_id(), &own);
+        let client = Ctx::with_request_id(Some(&http::HeaderValue::from_static("abc-1")));
+        client.set_upstream_request_id_once(http::HeaderValue::from_static("req_up"));
+        assert_eq!(client.request_id(), "abc-1");
+        let long = http::HeaderValue::try_from("x".repeat(200)).unwrap();
+        let replaced = Ctx::with_request_id(Some(&long));
+        assert!(replaced.request_id().to_str().unwrap().starts_with("fg-"));
+        let spaced = Ctx::with_request_id(Some(&http::HeaderValue::from_static("a b")));
+        assert!(spaced.request_id().to_str().unwrap().starts_with("fg-"));
     }
 
     #[test]

@@ -26,7 +26,7 @@ use rand::Rng;
 
 use super::capacity::{upstream_wait, PoolCapacity};
 use crate::config::AdmissionConfig;
-use crate::error::{secs, Error, LIMIT_HEADER};
+use crate::error::{retry_headers, Error, LIMIT_HEADER, RETRY_AFTER_MS};
 use crate::ratelimit::RateStore;
 use crate::response::ResponseBody;
 
@@ -210,8 +210,15 @@ fn give_up(mut res: Response<ResponseBody>, next_attempt: Duration) -> Response<
     if res.status() == StatusCode::TOO_MANY_REQUESTS {
         let h = res.headers_mut();
         h.insert(LIMIT_HEADER, HeaderValue::from_static("upstream"));
-        h.entry(http::header::RETRY_AFTER)
-            .or_insert_with(|| HeaderValue::from(secs(next_attempt)));
+        // The upstream's own wait wins; else the one the next attempt would have had.
+        if !h.contains_key(http::header::RETRY_AFTER) {
+            h.extend(retry_headers(next_attempt));
+        } else if !h.contains_key(RETRY_AFTER_MS) {
+            if let Some(wait) = upstream_wait(h) {
+                let ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1);
+                h.insert(RETRY_AFTER_MS, HeaderValue::from(ms));
+            }
+        }
     }
     res
 }

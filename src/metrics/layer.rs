@@ -211,8 +211,10 @@ impl Drop for Done {
             t.tokens(model, estimated, actual);
         }
         let tenant = ctx.identity_if_known().map(|i| i.tenant.id.as_str());
+        let request_id = ctx.request_id().to_str().unwrap_or_default();
         tracing::info!(
             target: "fairgate::request",
+            request_id,
             tenant,
             model,
             status = self.status.as_u16(),

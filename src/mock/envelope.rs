@@ -47,6 +47,14 @@ where
             .cloned();
         let h = resp.headers_mut();
         limits::write_limits(h, profile.limit_headers(), &snapshot, &model);
+        if profile == super::Profile::Openai {
+            // OpenAI names every answer.
+            let id = format!("req_{:032x}", rand::random::<u128>());
+            h.insert(
+                "x-request-id",
+                id.parse().expect("hex is a valid header value"),
+            );
+        }
         // A 429 said it has no request left; the buckets (which never refuse) must not contradict.
         if let Some(zero) = refused {
             h.insert("x-ratelimit-remaining-requests", zero);

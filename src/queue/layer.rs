@@ -16,7 +16,7 @@ use std::task::Poll;
 
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
-use http::{header, HeaderName, HeaderValue, Request, Response, StatusCode};
+use http::{Request, Response, StatusCode};
 
 use super::fair::{FairQueue, QueueError};
 use super::permit::Permit;
@@ -158,15 +158,12 @@ impl ApiError for QueueError {
             _ => None,
         }
     }
-    fn headers(&self) -> Vec<(HeaderName, HeaderValue)> {
+    fn retry_after(&self) -> Option<std::time::Duration> {
         match self {
             QueueError::TenantFull { retry_after } | QueueError::PoolFull { retry_after } => {
-                vec![(
-                    header::RETRY_AFTER,
-                    HeaderValue::from(retry_after.as_secs()),
-                )]
+                Some(*retry_after)
             }
-            _ => Vec::new(),
+            _ => None,
         }
     }
     fn reason(&self) -> &'static str {

@@ -14,7 +14,6 @@
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use futures_util::future::{BoxFuture, Either};
 use http::{HeaderName, HeaderValue, Request, Response};
@@ -112,11 +111,7 @@ pub fn rate_headers(state: &RateState) -> Vec<(HeaderName, HeaderValue)> {
         };
         h.push((name("limit"), HeaderValue::from(limit)));
         h.push((name("remaining"), HeaderValue::from(remaining)));
-        let reset = if reset < Duration::from_secs(1) {
-            format!("{}ms", reset.as_millis())
-        } else {
-            format!("{:.3}s", reset.as_secs_f64())
-        };
+        let reset = crate::domain::go_duration(reset);
         h.push((name("reset"), HeaderValue::from_str(&reset).expect("ascii")));
     }
     h

@@ -113,12 +113,10 @@ impl ApiError for Error {
             Error::NoDescriptors(_) => "overloaded",
         }
     }
-    fn headers(&self) -> Vec<(http::header::HeaderName, HeaderValue)> {
+    fn retry_after(&self) -> Option<Duration> {
         match self {
-            Error::NoDescriptors(_) => {
-                vec![(http::header::RETRY_AFTER, HeaderValue::from_static("1"))]
-            }
-            _ => Vec::new(),
+            Error::NoDescriptors(_) => Some(Duration::from_secs(1)),
+            _ => None,
         }
     }
     fn reason(&self) -> &'static str {
@@ -312,6 +310,11 @@ impl tower::Service<Request<Bytes>> for Service {
             .clone()
             .or_else(|| upstream.api_key.clone());
         headers::for_upstream(&mut parts.headers, self.tenant_header.as_ref());
+        // Correlation: the provider sees the client's request id, else fairgate's own.
+        parts
+            .headers
+            .entry(crate::context::REQUEST_ID_HEADER)
+            .or_insert_with(|| ctx.own_request_id().clone());
         if let Some(auth) = auth {
             parts.headers.insert(http::header::AUTHORIZATION, auth);
         }
@@ -341,6 +344,14 @@ impl tower::Service<Request<Bytes>> for Service {
             };
             let (mut head, body) = res.into_parts();
             headers::strip_hop_by_hop(&mut head.headers);
+            // The provider's id of an answer that is not retried (a retried attempt's answer is
+            // dropped unread, so its id would name nothing the client saw).
+            let retryable = matches!(head.status.as_u16(), 429 | 502 | 503);
+            if let Some(id) = head.headers.get(crate::context::REQUEST_ID_HEADER) {
+                if !retryable {
+                    ctx.set_upstream_request_id_once(id.clone());
+                }
+            }
             let body = ResponseBody::upstream(IdleTimeout::new(body, upstream.idle_timeout));
             Ok(Response::from_parts(head, body))
         })
