@@ -8,7 +8,15 @@ use crate::config::Config;
 /// `fairgate check`: prints `ok: N tenants, M upstreams` (plus warnings such as unset env
 /// variables) and exits 0, or prints the error naming the key path and exits 1.
 pub fn check(path: &Path) -> ExitCode {
-    match crate::config::check(path) {
+    // The config file, then what it points to that `serve` would load (upstream TLS files).
+    let checked = crate::config::check(path).and_then(|ok| {
+        let config = crate::config::Config::load(path)?;
+        for (i, u) in config.upstreams.iter().enumerate() {
+            crate::upstream::check_tls(u, i)?;
+        }
+        Ok(ok)
+    });
+    match checked {
         Ok((summary, warnings)) => {
             for w in warnings {
                 eprintln!("{w}");

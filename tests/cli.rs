@@ -63,3 +63,40 @@ async fn demo_shows_small_tenants_served_promptly_under_drr_only() {
     assert_eq!(svg.matches("<circle").count(), fifo.len() + drr.len());
     let _ = std::fs::remove_file(chart);
 }
+
+#[test]
+fn check_loads_the_upstream_tls_files_serve_would_load() {
+    let dir = std::env::temp_dir().join(format!("fg-check-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("tls.toml");
+    let write = |ca: &str| {
+        std::fs::write(
+            &path,
+            format!(
+                "[[upstreams]]\nname = \"u\"\nbase_url = \"https://127.0.0.1:9/v1\"\nca_file = \"{ca}\"\n"
+            ),
+        )
+        .unwrap()
+    };
+    let check = || {
+        Command::new(env!("CARGO_BIN_EXE_fairgate"))
+            .args(["check", "--config", path.to_str().unwrap()])
+            .output()
+            .unwrap()
+    };
+    write("/nonexistent/ca.pem");
+    let out = check();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("upstreams[0].ca_file"), "{err}");
+    write(&format!(
+        "{}/tests/fixtures/localhost.crt",
+        env!("CARGO_MANIFEST_DIR")
+    ));
+    let out = check();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -9,7 +9,7 @@ mod common;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use common::{config, mock, proxy, KEY_A};
+use common::{config, fixture, mock, mock_tls, post, proxy, send, KEY_A};
 use http::Request;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -20,10 +20,6 @@ use tokio::net::TcpStream;
 
 const BODY: &str =
     r#"{"model":"gpt-4o-mini","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}"#;
-
-fn fixture(name: &str) -> String {
-    format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"))
-}
 
 fn connector(alpn: &[u8]) -> tokio_rustls::TlsConnector {
     let mut roots = rustls::RootCertStore::empty();
@@ -121,4 +117,55 @@ async fn tls_serves_http1_and_h2_and_refuses_plain_text() {
         "{:?}",
         String::from_utf8_lossy(&buf)
     );
+}
+
+/// An https upstream behind a private CA: trusted through `ca_file` (h2 by ALPN), refused
+/// without it with a 502 whose message names TLS.
+#[tokio::test]
+async fn a_private_ca_upstream_is_reached_with_its_ca_file_and_refused_without() {
+    let mock = mock_tls(fairgate::mock::MockConfig::default()).await;
+    assert!(mock.base_url().starts_with("https://127.0.0.1:"));
+    let trusted = proxy(&config(
+        &mock.base_url(),
+        "",
+        &format!("ca_file = \"{}\"", fixture("localhost.crt")),
+        "",
+    ))
+    .await;
+    let r = send(post(
+        trusted.addr,
+        "/v1/chat/completions",
+        Some(KEY_A),
+        &common::chat("gpt-4o"),
+        &[],
+    ))
+    .await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    // The bundled roots alone do not know the private CA.
+    let untrusted = proxy(&config(&mock.base_url(), "", "", "")).await;
+    let r = send(post(
+        untrusted.addr,
+        "/v1/chat/completions",
+        Some(KEY_A),
+        &common::chat("gpt-4o"),
+        &[],
+    ))
+    .await;
+    r.assert_error(502, "upstream_tls_error");
+    let message = r.json()["error"]["message"].as_str().unwrap().to_owned();
+    assert!(message.contains("TLS"), "{message}");
+    // A ca_file that does not exist stops the server from starting, naming the key.
+    let bad = fairgate::config::Config::from_toml_str(&config(
+        &mock.base_url(),
+        "",
+        "ca_file = \"/nonexistent/ca.pem\"",
+        "",
+    ))
+    .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let e = fairgate::server::start(bad, listener)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("upstreams[0].ca_file"), "{e}");
 }

@@ -291,6 +291,19 @@ pub struct UpstreamConfig {
     /// Max gap between body chunks, ms.
     #[serde(default = "default_idle_timeout")]
     pub idle_timeout_ms: u64,
+    /// A PEM bundle of CA certificates trusted for this upstream, on top of the bundled
+    /// (Mozilla) roots: a private CA, a service mesh.
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    /// Also trust the operating system's certificate store.
+    #[serde(default)]
+    pub system_roots: bool,
+    /// Client certificate chain (PEM) for mutual TLS; needs `client_key_file`.
+    #[serde(default)]
+    pub client_cert_file: Option<PathBuf>,
+    /// The client certificate's private key (PEM).
+    #[serde(default)]
+    pub client_key_file: Option<PathBuf>,
 }
 
 fn default_upstream_concurrency() -> usize {

@@ -10,6 +10,7 @@
 //! `first_byte_timeout_ms` → 504, an upstream error status is passed through untouched.
 
 pub mod headers;
+mod tls;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -85,6 +86,10 @@ pub enum Error {
     /// The request path cannot be forwarded.
     #[error("invalid request path")]
     BadPath,
+    /// The TLS handshake with the upstream failed (an untrusted certificate, a name mismatch,
+    /// a client certificate refused…).
+    #[error("upstream {0}: TLS handshake failed: {1}")]
+    Tls(String, String),
     /// Connecting failed for lack of file descriptors (EMFILE/ENFILE): fairgate is overloaded.
     #[error("fairgate is out of connections to upstream {0}; retry shortly")]
     NoDescriptors(String),
@@ -93,7 +98,7 @@ pub enum Error {
 impl ApiError for Error {
     fn status(&self) -> StatusCode {
         match self {
-            Error::Unavailable(_) | Error::Failed(_) => StatusCode::BAD_GATEWAY,
+            Error::Unavailable(_) | Error::Failed(_) | Error::Tls(..) => StatusCode::BAD_GATEWAY,
             Error::Timeout(..) => StatusCode::GATEWAY_TIMEOUT,
             Error::BadPath => StatusCode::BAD_REQUEST,
             Error::NoDescriptors(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -108,6 +113,7 @@ impl ApiError for Error {
     fn code(&self) -> &'static str {
         match self {
             Error::Unavailable(_) | Error::Failed(_) => "upstream_unavailable",
+            Error::Tls(..) => "upstream_tls_error",
             Error::Timeout(..) => "upstream_timeout",
             Error::BadPath => "invalid_path",
             Error::NoDescriptors(_) => "overloaded",
@@ -150,6 +156,7 @@ impl Upstream {
             .path_and_query
             .map(|p| p.path().trim_end_matches('/').to_owned())
             .unwrap_or_default();
+        let tls = tls::client_config(cfg, index)?;
         let api_key = match &cfg.api_key_env {
             None => None,
             Some(var) => {
@@ -174,6 +181,7 @@ impl Upstream {
             lanes: (0..lanes.max(1))
                 .map(|_| Lane {
                     client: client(
+                        tls.clone(),
                         Duration::from_millis(cfg.connect_timeout_ms),
                         cfg.max_concurrency,
                     ),
@@ -219,18 +227,13 @@ impl Upstream {
 
 /// A pooled client with a connector of its own (its shared state is not shared with the other
 /// lanes).
-fn client(connect_timeout: Duration, pool: usize) -> HttpClient {
+fn client(tls: rustls::ClientConfig, connect_timeout: Duration, pool: usize) -> HttpClient {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);
     http.set_connect_timeout(Some(connect_timeout));
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = match HttpsConnectorBuilder::new().with_provider_and_webpki_roots(provider) {
-        Ok(b) => b,
-        // ring supports the safe default protocol versions, so this arm is not expected.
-        Err(_) => HttpsConnectorBuilder::new().with_webpki_roots(),
-    };
-    let connector = builder
+    let connector = HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
         .https_or_http()
         .enable_http1()
         .enable_http2()
@@ -332,7 +335,9 @@ impl tower::Service<Request<Bytes>> for Service {
                 }
                 Ok(Err(e)) => {
                     tracing::warn!(upstream = %upstream.name, error = %e, "upstream request failed");
-                    return Err(if crate::fdlimit::caused_by_exhaustion(&e) {
+                    return Err(if let Some(why) = tls_failure(&e) {
+                        Error::Tls(upstream.name.clone(), why).into()
+                    } else if crate::fdlimit::caused_by_exhaustion(&e) {
                         Error::NoDescriptors(upstream.name.clone()).into()
                     } else if e.is_connect() {
                         Error::Unavailable(upstream.name.clone()).into()
@@ -356,6 +361,34 @@ impl tower::Service<Request<Bytes>> for Service {
             Ok(Response::from_parts(head, body))
         })
     }
+}
+
+/// Loads upstream `index`'s TLS files (CA bundle, client certificate and key) as `serve`
+/// would, for `fairgate check`.
+pub fn check_tls(cfg: &UpstreamConfig, index: usize) -> Result<(), ConfigError> {
+    tls::client_config(cfg, index).map(drop)
+}
+
+/// The TLS error behind a failed upstream request, if that is what failed.
+fn tls_failure(e: &hyper_util::client::legacy::Error) -> Option<String> {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+    // Bounded: error chains are short, and a cycle must not hang a request.
+    for _ in 0..16 {
+        let s = source?;
+        if let Some(t) = s.downcast_ref::<rustls::Error>() {
+            return Some(t.to_string());
+        }
+        // An io::Error's `source` skips the error it wraps (hyper-rustls wraps tokio-rustls's
+        // io::Error, which wraps the rustls::Error): step into it instead.
+        source = match s
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+        {
+            Some(inner) => Some(inner as &(dyn std::error::Error + 'static)),
+            None => s.source(),
+        };
+    }
+    None
 }
 
 #[cfg(test)]
