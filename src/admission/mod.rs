@@ -24,6 +24,7 @@ pub use layer::{Layer, Service};
 use crate::config::{Config, TenantLimits};
 use crate::domain::TenantId;
 use crate::feedback::capacity::PoolCapacity;
+use crate::feedback::keys::KeyPauses;
 use crate::feedback::retry::{self, RetryPolicy, RetryStats};
 use crate::queue::FairQueue;
 use crate::ratelimit::{MemoryStore, RateStore};
@@ -45,6 +46,8 @@ pub struct Admission {
     pub capacity: Arc<[Arc<PoolCapacity>]>,
     /// Retry counters.
     pub retries: Arc<RetryStats>,
+    /// Pauses of tenants' own provider keys (kept across reloads, like the counters).
+    pub key_pauses: Arc<KeyPauses>,
     policy: RetryPolicy,
     limits: HashMap<TenantId, TenantLimits>,
     default_limits: TenantLimits,
@@ -86,7 +89,8 @@ impl Admission {
                 PoolCapacity::new(q.clone(), max, reserved)
             })
             .collect();
-        Self::build(config, pools, capacity, store, Arc::default(), limits)
+        let carried = (Arc::default(), Arc::default());
+        Self::build(config, pools, capacity, store, carried, limits)
     }
 
     /// Admission for a reloaded `config` (see `server::reload`): limits, defaults and retry
@@ -104,7 +108,8 @@ impl Admission {
             .store
             .with_limits(&limits)
             .unwrap_or_else(|| self.store.clone());
-        Self::build(config, pools, capacity, store, self.retries.clone(), limits)
+        let carried = (self.retries.clone(), self.key_pauses.clone());
+        Self::build(config, pools, capacity, store, carried, limits)
     }
 
     fn build(
@@ -112,7 +117,7 @@ impl Admission {
         pools: Arc<[Arc<FairQueue>]>,
         capacity: Arc<[Arc<PoolCapacity>]>,
         store: Arc<dyn RateStore>,
-        retries: Arc<RetryStats>,
+        (retries, key_pauses): (Arc<RetryStats>, Arc<KeyPauses>),
         limits: HashMap<TenantId, TenantLimits>,
     ) -> Arc<Self> {
         let a = &config.admission;
@@ -120,6 +125,7 @@ impl Admission {
             store,
             capacity,
             retries,
+            key_pauses,
             policy: RetryPolicy::from_config(a),
             limits,
             default_limits: TenantLimits {
@@ -137,6 +143,7 @@ impl Admission {
     pub fn retry_layer(&self) -> retry::Layer {
         retry::Layer::new(retry::Shared {
             capacity: self.capacity.clone(),
+            key_pauses: self.key_pauses.clone(),
             store: self.store.clone(),
             policy: self.policy,
             stats: self.retries.clone(),

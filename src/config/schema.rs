@@ -113,6 +113,9 @@ pub struct AdmissionConfig {
     pub retry_backoff_ms: u64,
     /// Ceiling of one retry backoff in ms.
     pub retry_backoff_max_ms: u64,
+    /// Total time one request may wait between its upstream attempts (holding its pool slot),
+    /// ms; a retry that would wait longer is not made and the 429 goes to the client.
+    pub max_retry_wait_ms: u64,
 }
 
 impl Default for AdmissionConfig {
@@ -124,6 +127,7 @@ impl Default for AdmissionConfig {
             max_retries: 3,
             retry_backoff_ms: 50,
             retry_backoff_max_ms: 2_000,
+            max_retry_wait_ms: 3_000,
         }
     }
 }
