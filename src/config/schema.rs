@@ -383,6 +383,10 @@ pub struct TenantConfig {
     /// Env var holding this tenant's own provider key.
     #[serde(default)]
     pub upstream_api_key_env: Option<String>,
+    /// Credential or account-selecting headers (e.g. `openai-project`) this tenant's clients
+    /// may send to the provider; all others are stripped.
+    #[serde(default)]
+    pub forward_headers: Vec<String>,
     /// Default class of this tenant's requests.
     #[serde(default)]
     pub priority: Class,

@@ -265,6 +265,20 @@ pub fn validate(c: &Config) -> Result<(), ConfigError> {
             return Err(invalid(key("max_concurrency"), "must be > 0"));
         }
         env_name(key("upstream_api_key_env"), &t.upstream_api_key_env)?;
+        for h in &t.forward_headers {
+            let name = http::HeaderName::from_bytes(h.as_bytes()).map_err(|_| {
+                invalid(
+                    key("forward_headers"),
+                    format!("{h:?} is not a header name"),
+                )
+            })?;
+            if name == http::header::AUTHORIZATION || name.as_str().starts_with("x-fairgate-") {
+                return Err(invalid(
+                    key("forward_headers"),
+                    format!("{name} is never forwarded (authorization is fairgate's to set)"),
+                ));
+            }
+        }
         let plain = t.api_keys.iter().map(|k| ("api_keys", k));
         let recovery = t.recovery_api_keys.iter().map(|k| ("recovery_api_keys", k));
         let batch = t.batch_api_keys.iter().map(|k| ("batch_api_keys", k));
@@ -445,6 +459,19 @@ base_url = "http://127.0.0.1:9000/v1"
         assert!(e.starts_with("upstreams[0].base_url"), "{e}");
         let e = err("[[tenants]]\nid = \"a\"\n");
         assert!(e.starts_with("tenants[0].api_keys"), "{e}");
+    }
+
+    #[test]
+    fn forward_headers_must_be_names_and_never_authorization_or_ours() {
+        let t = "[[tenants]]\nid = \"a\"\napi_keys = [\"k\"]\n";
+        let e = err(&format!("{t}forward_headers = [\"bad header\"]\n"));
+        assert!(e.starts_with("tenants[0].forward_headers"), "{e}");
+        let e = err(&format!("{t}forward_headers = [\"Authorization\"]\n"));
+        assert!(e.starts_with("tenants[0].forward_headers"), "{e}");
+        let e = err(&format!("{t}forward_headers = [\"x-fairgate-priority\"]\n"));
+        assert!(e.starts_with("tenants[0].forward_headers"), "{e}");
+        let ok = format!("{BASE}{t}forward_headers = [\"openai-project\"]\n");
+        assert!(Config::from_toml_str(&ok).is_ok());
     }
 
     #[test]

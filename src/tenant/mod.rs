@@ -105,6 +105,11 @@ impl Directory {
                 max_queued: t.effective_max_queued(config),
                 priority: t.priority,
                 upstream_key,
+                forward_headers: t
+                    .forward_headers
+                    .iter()
+                    .filter_map(|h| HeaderName::from_bytes(h.as_bytes()).ok())
+                    .collect(),
             });
             let keys = t
                 .api_keys

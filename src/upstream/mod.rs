@@ -311,7 +311,11 @@ impl tower::Service<Request<Bytes>> for Service {
             .upstream_key
             .clone()
             .or_else(|| upstream.api_key.clone());
-        headers::for_upstream(&mut parts.headers, self.tenant_header.as_ref());
+        headers::for_upstream(
+            &mut parts.headers,
+            self.tenant_header.as_ref(),
+            &identity.tenant.forward_headers,
+        );
         if let Some(auth) = auth {
             parts.headers.insert(http::header::AUTHORIZATION, auth);
         }
