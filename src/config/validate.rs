@@ -209,6 +209,16 @@ pub fn validate(c: &Config) -> Result<(), ConfigError> {
         if u.max_concurrency == 0 {
             return Err(invalid(key("max_concurrency"), "must be > 0"));
         }
+        if c.scheduler.reserved_slots >= u.max_concurrency {
+            return Err(invalid(
+                "scheduler.reserved_slots",
+                format!(
+                    "must be below upstreams[{i}].max_concurrency ({}): ordinary traffic needs \
+                     at least one slot",
+                    u.max_concurrency
+                ),
+            ));
+        }
         if u.models.is_empty() || u.models.iter().any(String::is_empty) {
             return Err(invalid(
                 key("models"),
@@ -471,6 +481,18 @@ base_url = "http://127.0.0.1:9000/v1"
         let e = err(&format!("{t}forward_headers = [\"x-fairgate-priority\"]\n"));
         assert!(e.starts_with("tenants[0].forward_headers"), "{e}");
         let ok = format!("{BASE}{t}forward_headers = [\"openai-project\"]\n");
+        assert!(Config::from_toml_str(&ok).is_ok());
+    }
+
+    #[test]
+    fn reserved_slots_must_leave_ordinary_traffic_a_slot() {
+        let pool = "max_concurrency = 4\n";
+        let e = err(&format!("{pool}[scheduler]\nreserved_slots = 4\n"));
+        assert!(e.starts_with("scheduler.reserved_slots"), "{e}");
+        assert!(e.contains("upstreams[0].max_concurrency (4)"), "{e}");
+        let e = err(&format!("{pool}[scheduler]\nreserved_slots = 9\n"));
+        assert!(e.starts_with("scheduler.reserved_slots"), "{e}");
+        let ok = format!("{BASE}{pool}[scheduler]\nreserved_slots = 3\n");
         assert!(Config::from_toml_str(&ok).is_ok());
     }
 

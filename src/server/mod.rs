@@ -129,6 +129,14 @@ impl State {
             key: "admin.token_env".to_owned(),
             var: var.clone(),
         })?;
+        // An empty token would open the admin API to `Authorization: Bearer ` (and a blank one
+        // to anyone who guesses whitespace): refused, never echoed.
+        if token.trim().is_empty() {
+            return Err(ConfigError::Invalid {
+                key: "admin.token_env".to_owned(),
+                message: format!("{var} is empty: the admin token must not be empty"),
+            });
+        }
         Ok(Some(Arc::from(token)))
     }
 }
@@ -467,6 +475,30 @@ mod tests {
         )
         .unwrap();
         State::new(config).unwrap()
+    }
+
+    #[test]
+    fn an_empty_admin_token_is_refused_without_echoing_one() {
+        let config = Config::from_toml_str(
+            "[admin]\ntoken_env = \"ADMIN_T\"\n\
+             [[upstreams]]\nname = \"u\"\nbase_url = \"http://127.0.0.1:9/v1\"\n",
+        )
+        .unwrap();
+        for empty in ["", "  ", "\t"] {
+            let e = State::admin_token(&config, |_| Some(empty.to_owned()))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.starts_with("admin.token_env") && e.contains("empty"),
+                "{e}"
+            );
+        }
+        let t = State::admin_token(&config, |_| Some("s3cret".to_owned())).unwrap();
+        assert_eq!(t.as_deref(), Some("s3cret"));
+        let e = State::admin_token(&config, |_| None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("ADMIN_T"), "{e}");
     }
 
     async fn status(state: &State, req: Request<Full<Bytes>>) -> u16 {
