@@ -6,6 +6,7 @@
 //! exist, URLs are http(s), digests are 64 hex chars). Environment variables are read only by
 //! [`Config::check_env`], at startup.
 
+mod cidr;
 mod cluster;
 mod observe;
 mod schema;
@@ -13,6 +14,7 @@ mod validate;
 
 use std::path::{Path, PathBuf};
 
+pub use cidr::Cidr;
 pub use cluster::ClusterConfig;
 pub use observe::{AdminConfig, LogConfig, LogFormat, MetricsConfig};
 pub use schema::*;

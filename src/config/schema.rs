@@ -161,6 +161,9 @@ pub struct ServerConfig {
     pub listen: SocketAddr,
     /// Sidecar mode: a trusted header naming the tenant id.
     pub tenant_header: Option<String>,
+    /// Peers whose `tenant_header` is trusted (CIDR ranges); from any other peer the header is
+    /// ignored and an API key is required.
+    pub trusted_sources: Vec<String>,
     /// Request body cap in bytes.
     pub max_body_bytes: usize,
     /// Drain time on shutdown, milliseconds.
@@ -190,6 +193,7 @@ impl Default for ServerConfig {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             tenant_header: None,
+            trusted_sources: vec!["127.0.0.1/32".to_owned(), "::1/128".to_owned()],
             max_body_bytes: 8 * 1024 * 1024,
             shutdown_grace_ms: 30_000,
             tls: None,

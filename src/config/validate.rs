@@ -145,6 +145,14 @@ pub fn validate(c: &Config) -> Result<(), ConfigError> {
             return Err(invalid("server.tenant_header", "not a valid header name"));
         }
     }
+    for (i, s) in c.server.trusted_sources.iter().enumerate() {
+        if super::Cidr::parse(s).is_none() {
+            return Err(invalid(
+                format!("server.trusted_sources[{i}]"),
+                format!("{s:?} is not an address range (e.g. \"127.0.0.1/32\", \"::1/128\")"),
+            ));
+        }
+    }
     if matches!(c.server.workers, Some(n) if n == 0 || n > 256) {
         return Err(invalid("server.workers", "must be between 1 and 256"));
     }
@@ -494,6 +502,14 @@ base_url = "http://127.0.0.1:9000/v1"
         assert!(e.starts_with("scheduler.reserved_slots"), "{e}");
         let ok = format!("{BASE}{pool}[scheduler]\nreserved_slots = 3\n");
         assert!(Config::from_toml_str(&ok).is_ok());
+    }
+
+    #[test]
+    fn trusted_sources_default_to_loopback_and_must_parse() {
+        let c = Config::from_toml_str(BASE).unwrap();
+        assert_eq!(c.server.trusted_sources, vec!["127.0.0.1/32", "::1/128"]);
+        let e = err("[server]\ntrusted_sources = [\"10.0.0.0/8\", \"10.0.0.0/40\"]\n");
+        assert!(e.starts_with("server.trusted_sources[1]"), "{e}");
     }
 
     #[test]

@@ -79,7 +79,11 @@ impl State {
     /// Builds the shared state, reading `*_env` variables (unset → error naming the key).
     pub fn new(config: Config) -> Result<Self, ConfigError> {
         let env = |var: &str| std::env::var(var).ok();
-        let tenants = Arc::new(Directory::from_config(&config, env)?);
+        let metrics = Metrics::new(&config);
+        let tenants = Arc::new(
+            Directory::from_config(&config, env)?
+                .count_untrusted_on(metrics.plain_counter(UNTRUSTED_HEADER)),
+        );
         let lanes = workers::count(&config.server);
         let upstreams = config
             .upstreams
@@ -90,7 +94,6 @@ impl State {
         let admin_token = Self::admin_token(&config, env)?;
         let estimator = Arc::new(Estimator::new(&config.estimate, &config.models));
         let pools = queue::pools(&config, tenants.tenants(), &estimator);
-        let metrics = Metrics::new(&config);
         // Cluster mode: the shared rate store replaces the in-memory one, and a lease gate per
         // pool bounds its dispatch by the slots leased in Redis.
         let linked =
@@ -140,6 +143,9 @@ impl State {
         Ok(Some(Arc::from(token)))
     }
 }
+
+/// Requests that carried the sidecar tenant header from a peer outside `trusted_sources`.
+pub const UNTRUSTED_HEADER: &str = "fairgate_untrusted_tenant_header_total";
 
 /// The whole request path, outermost first.
 ///
