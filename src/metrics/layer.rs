@@ -9,7 +9,8 @@
 //! made: [`Metrics`] is the fair queue's [`crate::queue::Observer`].
 //!
 //! Invariants: the log line carries the tenant id, model, token counts, timings, status and the
-//! limit that refused the request — never a key, a header value, a prompt or a completion.
+//! limit that refused the request — never a key, a header value, a prompt or a completion; its
+//! one client-chosen string, the model, is the bounded label of `TenantMetrics::model_label`.
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -210,6 +211,8 @@ impl Drop for Done {
         if let (Some(model), Some(estimated), Some(_)) = (model, estimated, dispatch) {
             t.tokens(model, estimated, actual);
         }
+        // Client-chosen: logged as it is labelled (cut, past the tenant's count `other`).
+        let model = model.map(|m| t.model_label(m));
         let tenant = ctx.identity_if_known().map(|i| i.tenant.id.as_str());
         tracing::info!(
             target: "fairgate::request",
