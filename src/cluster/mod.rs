@@ -8,6 +8,10 @@
 //!   DRR credit for what it received elsewhere (global fairness, with the bound stated there).
 //! - [`rate`]: per-tenant requests/tokens per minute as GCRA in Lua, corrected at reconcile.
 //! - [`link`]: the connection (tight timeouts) and degraded mode (`fairgate_cluster_degraded`).
+//! - [`replica`]: one live replica per `replica_id` (a duplicate is refused at startup).
+//!
+//! Not shared: what a tenant's own provider key learned (`feedback::keys`) stays local to each
+//! replica; only the pool key's learned limit is published through the leases.
 //!
 //! The pure scheduler is untouched by I/O: the queue only sees a slot count
 //! (`FairQueue::set_cluster_slots`) and debts (`FairQueue::charge_remote`). Every shared update
@@ -18,6 +22,7 @@
 pub mod lease;
 pub mod link;
 pub mod rate;
+pub mod replica;
 pub mod scripts;
 pub mod service;
 
@@ -127,9 +132,18 @@ impl Cluster {
         })
     }
 
-    /// Starts the lease gates and the syncer; they stop after `stop` turns true (a gate once
-    /// its pool has drained, releasing its leases).
-    pub fn spawn(&self, stop: watch::Receiver<bool>) {
+    /// Claims this replica's id in Redis (see [`replica`]): `Err` when another live replica
+    /// holds it. Call before serving, and hand the claim to [`Cluster::spawn`].
+    pub async fn claim(&self) -> Result<replica::Claim, ConfigError> {
+        let ttl = Duration::from_millis(self.config.lease_ttl_ms);
+        replica::Claim::take(self.link.clone(), ttl).await
+    }
+
+    /// Starts the lease gates, the syncer and the renewal of `claim`; they stop after `stop`
+    /// turns true (a gate once its pool has drained, releasing its leases; the claim is
+    /// released).
+    pub fn spawn(&self, claim: replica::Claim, stop: watch::Receiver<bool>) {
+        tokio::spawn(claim.keep(stop.clone()));
         for g in &self.gates {
             tokio::spawn(g.clone().run(stop.clone()));
         }

@@ -325,6 +325,11 @@ async fn start_on(
         None => None,
     };
     let state = State::new(config)?;
+    // Cluster mode: a replica id already live in the cluster is refused before serving.
+    let claim = match &state.cluster {
+        Some(cluster) => Some(cluster.claim().await?),
+        None => None,
+    };
     let pools = state.pools.clone();
     let admission = state.admission.clone();
     let estimator = state.estimator.clone();
@@ -335,8 +340,8 @@ async fn start_on(
     };
     let (stop, stopped) = watch::channel(false);
     let done = workers::spawn(listeners, &conns, &stopped)?;
-    if let Some(cluster) = &state.cluster {
-        cluster.spawn(stop.subscribe());
+    if let (Some(cluster), Some(claim)) = (&state.cluster, claim) {
+        cluster.spawn(claim, stop.subscribe());
     }
     let admin_addr = match admin_listener {
         Some(l) => {
