@@ -128,8 +128,9 @@ async fn an_exhausted_tenant_key_pauses_only_its_tenant_and_never_the_pool() {
         (4, 0, Duration::ZERO),
         "the pool's learned capacity never saw the tenant key's 429s"
     );
+    // Refused at admission, before queueing for a pool slot: far more answers than attempts.
     assert!(
-        forwarded * 4 <= attacker_429,
+        forwarded * 20 <= attacker_429,
         "a paused key's requests are refused before the provider: {forwarded} of {attacker_429}"
     );
     assert!(ratio >= 0.6, "victim under attack ÷ alone = {ratio:.2}");

@@ -1,5 +1,5 @@
-//! Admission: the gate in front of the fair queue. Size caps, deadline feasibility and the
-//! tenant's rate limits, answering 400/429 with an honest `Retry-After` before anything is
+//! Admission: the gate in front of the fair queue. Size caps, the pause of a tenant's own
+//! provider key (`feedback::keys`), deadline feasibility and the tenant's rate limits, answering 400/429 with an honest `Retry-After` before anything is
 //! queued ([`Layer`], between `estimate` and `usage`).
 //!
 //! [`Admission`] is the state the gate shares: each tenant's limits, the rate store
@@ -152,6 +152,19 @@ impl Admission {
 
     fn limits(&self, tenant: &TenantId) -> &TenantLimits {
         self.limits.get(tenant).unwrap_or(&self.default_limits)
+    }
+
+    /// `Some(refusal)` when `who` has its own provider key and the provider paused it for
+    /// `model` on pool `index` (429 `x-fairgate-limit: upstream`, `Retry-After` the pause left).
+    fn own_key_paused(
+        &self,
+        index: usize,
+        who: &crate::context::Identity,
+        model: &str,
+    ) -> Option<crate::Error> {
+        who.tenant.upstream_key.as_ref()?;
+        let left = self.key_pauses.paused_for(index, &who.tenant.id, model);
+        (!left.is_zero()).then(|| retry::KeyPaused(left).into())
     }
 
     /// `Some(refusal)` when the predicted wait in pool `index` exceeds the deadline's budget.
