@@ -157,3 +157,36 @@ impl Cluster {
         tokio::spawn(syncer.run(stop));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A Redis URL that passes validation but not the client: the error names the key, never
+    /// the URL (it may hold a password).
+    #[tokio::test]
+    async fn a_bad_redis_url_is_refused_without_echoing_its_password() {
+        let mut refused = 0;
+        for url in [
+            "redis://:sk-SECRET-9@[::1",
+            "redis://user:sk-SECRET-9@h:notaport",
+            "redis://:sk-SECRET-9@h:6379/notadb",
+        ] {
+            let text = format!(
+                "[[upstreams]]\nname = \"u\"\nbase_url = \"http://h/v1\"\n\
+                 [cluster]\nredis_url = \"{url}\"\n"
+            );
+            let e = match Config::from_toml_str(&text) {
+                Err(e) => e.to_string(),
+                Ok(config) => match connect(&config, metrics::Gauge::noop()) {
+                    Err(e) => e.to_string(),
+                    Ok(_) => continue,
+                },
+            };
+            assert!(e.starts_with("cluster.redis_url"), "{e}");
+            assert!(!e.contains("SECRET"), "{e}");
+            refused += 1;
+        }
+        assert!(refused >= 2, "{refused}");
+    }
+}
