@@ -135,6 +135,11 @@ async fn admin_listen_moves_metrics_and_admin_off_the_main_listener() {
     get(ops, "/v1/models", Some(KEY_A))
         .await
         .assert_error(404, "not_found");
+    // Probes answer on both (a sidecar's proxy listens on loopback, out of the kubelet's reach).
+    for addr in [ops, proxy.addr] {
+        assert_eq!(get(addr, "/healthz", None).await.status, 200);
+        assert_eq!(get(addr, "/readyz", None).await.status, 200);
+    }
     // The main listener no longer answers them: without a tenant key they are 401.
     assert_eq!(get(proxy.addr, "/metrics", None).await.status, 401);
     assert_eq!(

@@ -1024,3 +1024,37 @@ async fn k_one_replica_cut_off_runs_on_its_allowance_and_the_bound_holds() {
     );
     assert!(max <= 8, "provider saw {max} in flight");
 }
+
+/// Two live replicas with one `replica_id` would renew and release each other's leases: the
+/// second is refused at startup with an error naming the key (not the Redis URL); another id
+/// starts; once the first stops (its claim released), the id can be used again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_id_already_live_in_the_cluster_is_refused_at_startup() {
+    let Some(redis) = Redis::start() else { return };
+    let mock = slow_mock(0).await;
+    let toml = |i| replica_config(&redis, &mock.base_url(), i, 4, 1024, &[("a", 1.0, "")]);
+    let start = |text: String| async move {
+        let config = fairgate::config::Config::from_toml_str(&text).unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        fairgate::server::start(config, listener).await
+    };
+    let first = start(toml(0)).await.expect("the first r0 starts");
+    let e = start(toml(0))
+        .await
+        .expect_err("a second r0 is refused")
+        .to_string();
+    assert!(e.starts_with("cluster.replica_id"), "{e}");
+    assert!(e.contains("\"r0\"") && !e.contains("redis://"), "{e}");
+    let other = start(toml(1)).await.expect("r1 starts beside r0");
+    first.shutdown();
+    let mut again = None;
+    for _ in 0..100 {
+        if let Ok(h) = start(toml(0)).await {
+            again = Some(h);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(again.is_some(), "r0 is free again once its replica stopped");
+    drop(other);
+}

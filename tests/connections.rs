@@ -182,9 +182,11 @@ async fn idle_connections_are_closed_but_busy_ones_are_not() {
 #[tokio::test]
 async fn the_per_ip_cap_refuses_the_excess_while_another_client_is_served() {
     let mock = mock().await;
+    // One connection worker: one accept queue, so connections are accepted in the order they
+    // were made (with several, another worker may accept the fourth before the third).
     let p = proxy(&config(
         &mock.base_url(),
-        "max_connections_per_ip = 3",
+        "workers = 1\nmax_connections_per_ip = 3",
         "",
         "",
     ))

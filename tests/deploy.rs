@@ -19,6 +19,21 @@ fn sidecar_configmap_config_is_valid() {
         .join("\n");
     let config = Config::from_toml_str(&toml).expect("the sidecar config validates");
     assert_eq!(config.server.tenant_header.as_deref(), Some("x-tenant-id"));
+    // Safe by default: the proxy on loopback, the header trusted from loopback only, metrics
+    // and admin on their own port.
+    assert!(
+        config.server.listen.ip().is_loopback(),
+        "{}",
+        config.server.listen
+    );
+    assert_eq!(
+        config.server.trusted_sources,
+        vec!["127.0.0.1/32", "::1/128"]
+    );
+    let admin = config.admin.listen.expect("an admin listener");
+    assert!(!admin.ip().is_loopback());
+    assert!(yaml.contains(&format!("containerPort: {}", admin.port())));
+    assert!(yaml.contains(&format!("prometheus.io/port: \"{}\"", admin.port())));
 }
 
 #[test]

@@ -68,6 +68,57 @@ async fn sidecar_header_names_the_tenant() {
     assert_eq!(mock.stats.requests(), 1);
 }
 
+/// Sidecar mode is safe by default: the tenant header is trusted only from `[server]
+/// trusted_sources` (default loopback). Here loopback is not trusted, so the header alone is a
+/// 401, a key decides the tenant whatever the header says, and each is counted.
+#[tokio::test]
+async fn sidecar_header_from_an_untrusted_peer_is_ignored_and_counted() {
+    let mock = mock().await;
+    let server = "tenant_header = \"x-tenant-id\"\ntrusted_sources = [\"10.0.0.0/8\"]";
+    let proxy = proxy(&config(&mock.base_url(), server, "", "")).await;
+    let claim = [("x-tenant-id", "b")];
+    let r = send(post(
+        proxy.addr,
+        "/v1/chat/completions",
+        None,
+        &chat("gpt-4o"),
+        &claim,
+    ))
+    .await;
+    r.assert_error(401, "invalid_api_key");
+    let r = send(post(
+        proxy.addr,
+        "/v1/chat/completions",
+        Some(KEY_A),
+        &chat("gpt-4o"),
+        &claim,
+    ))
+    .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(mock.stats.requests(), 1);
+    assert!(mock.stats.seen_headers()[0].get("x-tenant-id").is_none());
+    let text = String::from_utf8(
+        send(
+            http::Request::get(format!("http://{}/metrics", proxy.addr))
+                .body(Default::default())
+                .unwrap(),
+        )
+        .await
+        .body
+        .to_vec(),
+    )
+    .unwrap();
+    assert!(
+        text.lines()
+            .any(|l| l == "fairgate_untrusted_tenant_header_total 2"),
+        "{text}"
+    );
+    assert!(
+        text.contains("fairgate_requests_total{tenant=\"a\",status=\"200\"} 1"),
+        "the key's tenant was served"
+    );
+}
+
 #[tokio::test]
 async fn bad_bodies_are_rejected() {
     let (mock, proxy) = pair().await;

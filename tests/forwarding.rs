@@ -368,3 +368,50 @@ async fn every_response_carries_a_request_id() {
     assert_eq!(r.status, 200);
     assert!(id(&r).starts_with("req_"), "{}", id(&r));
 }
+
+#[tokio::test]
+async fn client_headers_cannot_select_the_operators_account_unless_allowed() {
+    let mock = mock().await;
+    let toml = config(
+        &mock.base_url(),
+        "",
+        "",
+        "forward_headers = [\"openai-project\"]",
+    );
+    let proxy = proxy(&toml).await;
+    let headers = [
+        ("openai-organization", "org-operator"),
+        ("openai-project", "proj-x"),
+        ("x-api-key", "sk-smuggled"),
+        ("x-goog-api-key", "g"),
+        ("proxy-authorization", "Basic abc"),
+        ("x-fairgate-priority", "batch"),
+    ];
+    for key in [KEY_A, KEY_B] {
+        let r = send(post(
+            proxy.addr,
+            "/v1/chat/completions",
+            Some(key),
+            &chat("gpt-4o"),
+            &headers,
+        ))
+        .await;
+        assert_eq!(r.status, 200);
+    }
+    let seen = mock.stats.seen_headers();
+    let names = |h: &http::HeaderMap| {
+        let mut v: Vec<String> = h
+            .keys()
+            .map(|k| k.as_str().to_owned())
+            .filter(|k| headers.iter().any(|(n, _)| n == k))
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(names(&seen[0]), Vec::<String>::new(), "tenant a: none");
+    assert_eq!(
+        names(&seen[1]),
+        vec!["openai-project"],
+        "tenant b: its allowed one"
+    );
+}

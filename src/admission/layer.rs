@@ -107,6 +107,11 @@ where
                     return Err(AdmissionError::OutputTooLarge { requested, max }.into());
                 }
             }
+            // A tenant's own provider key that the provider paused: its own limit, said before
+            // the request queues for a pool slot (the retry stage checks again at dispatch).
+            if let Some(e) = adm.own_key_paused(pool, ctx.identity()?, &ctx.request()?.model) {
+                return Err(e);
+            }
             // 2. Deadline feasibility.
             let deadline = deadline::from_request(req.headers(), limits.max_queue_wait_ms)?;
             if let Some(d) = deadline {

@@ -1,5 +1,5 @@
-//! Admission: the gate in front of the fair queue. Size caps, deadline feasibility and the
-//! tenant's rate limits, answering 400/429 with an honest `Retry-After` before anything is
+//! Admission: the gate in front of the fair queue. Size caps, the pause of a tenant's own
+//! provider key (`feedback::keys`), deadline feasibility and the tenant's rate limits, answering 400/429 with an honest `Retry-After` before anything is
 //! queued ([`Layer`], between `estimate` and `usage`).
 //!
 //! [`Admission`] is the state the gate shares: each tenant's limits, the rate store
@@ -24,6 +24,7 @@ pub use layer::{Layer, Service};
 use crate::config::{Config, TenantLimits};
 use crate::domain::TenantId;
 use crate::feedback::capacity::PoolCapacity;
+use crate::feedback::keys::KeyPauses;
 use crate::feedback::retry::{self, RetryPolicy, RetryStats};
 use crate::queue::FairQueue;
 use crate::ratelimit::{MemoryStore, RateStore};
@@ -45,6 +46,8 @@ pub struct Admission {
     pub capacity: Arc<[Arc<PoolCapacity>]>,
     /// Retry counters.
     pub retries: Arc<RetryStats>,
+    /// Pauses of tenants' own provider keys (kept across reloads, like the counters).
+    pub key_pauses: Arc<KeyPauses>,
     policy: RetryPolicy,
     limits: HashMap<TenantId, TenantLimits>,
     default_limits: TenantLimits,
@@ -86,7 +89,8 @@ impl Admission {
                 PoolCapacity::new(q.clone(), max, reserved)
             })
             .collect();
-        Self::build(config, pools, capacity, store, Arc::default(), limits)
+        let carried = (Arc::default(), Arc::default());
+        Self::build(config, pools, capacity, store, carried, limits)
     }
 
     /// Admission for a reloaded `config` (see `server::reload`): limits, defaults and retry
@@ -104,7 +108,8 @@ impl Admission {
             .store
             .with_limits(&limits)
             .unwrap_or_else(|| self.store.clone());
-        Self::build(config, pools, capacity, store, self.retries.clone(), limits)
+        let carried = (self.retries.clone(), self.key_pauses.clone());
+        Self::build(config, pools, capacity, store, carried, limits)
     }
 
     fn build(
@@ -112,7 +117,7 @@ impl Admission {
         pools: Arc<[Arc<FairQueue>]>,
         capacity: Arc<[Arc<PoolCapacity>]>,
         store: Arc<dyn RateStore>,
-        retries: Arc<RetryStats>,
+        (retries, key_pauses): (Arc<RetryStats>, Arc<KeyPauses>),
         limits: HashMap<TenantId, TenantLimits>,
     ) -> Arc<Self> {
         let a = &config.admission;
@@ -120,6 +125,7 @@ impl Admission {
             store,
             capacity,
             retries,
+            key_pauses,
             policy: RetryPolicy::from_config(a),
             limits,
             default_limits: TenantLimits {
@@ -137,6 +143,7 @@ impl Admission {
     pub fn retry_layer(&self) -> retry::Layer {
         retry::Layer::new(retry::Shared {
             capacity: self.capacity.clone(),
+            key_pauses: self.key_pauses.clone(),
             store: self.store.clone(),
             policy: self.policy,
             stats: self.retries.clone(),
@@ -145,6 +152,19 @@ impl Admission {
 
     fn limits(&self, tenant: &TenantId) -> &TenantLimits {
         self.limits.get(tenant).unwrap_or(&self.default_limits)
+    }
+
+    /// `Some(refusal)` when `who` has its own provider key and the provider paused it for
+    /// `model` on pool `index` (429 `x-fairgate-limit: upstream`, `Retry-After` the pause left).
+    fn own_key_paused(
+        &self,
+        index: usize,
+        who: &crate::context::Identity,
+        model: &str,
+    ) -> Option<crate::Error> {
+        who.tenant.upstream_key.as_ref()?;
+        let left = self.key_pauses.paused_for(index, &who.tenant.id, model);
+        (!left.is_zero()).then(|| retry::KeyPaused(left).into())
     }
 
     /// `Some(refusal)` when the predicted wait in pool `index` exceeds the deadline's budget.

@@ -8,6 +8,10 @@
 //!   DRR credit for what it received elsewhere (global fairness, with the bound stated there).
 //! - [`rate`]: per-tenant requests/tokens per minute as GCRA in Lua, corrected at reconcile.
 //! - [`link`]: the connection (tight timeouts) and degraded mode (`fairgate_cluster_degraded`).
+//! - [`replica`]: one live replica per `replica_id` (a duplicate is refused at startup).
+//!
+//! Not shared: what a tenant's own provider key learned (`feedback::keys`) stays local to each
+//! replica; only the pool key's learned limit is published through the leases.
 //!
 //! The pure scheduler is untouched by I/O: the queue only sees a slot count
 //! (`FairQueue::set_cluster_slots`) and debts (`FairQueue::charge_remote`). Every shared update
@@ -18,6 +22,7 @@
 pub mod lease;
 pub mod link;
 pub mod rate;
+pub mod replica;
 pub mod scripts;
 pub mod service;
 
@@ -133,9 +138,18 @@ impl Cluster {
         self.store.corrections()
     }
 
-    /// Starts the lease gates and the syncer; they stop after `stop` turns true (a gate once
-    /// its pool has drained, releasing its leases).
-    pub fn spawn(&self, stop: watch::Receiver<bool>) {
+    /// Claims this replica's id in Redis (see [`replica`]): `Err` when another live replica
+    /// holds it. Call before serving, and hand the claim to [`Cluster::spawn`].
+    pub async fn claim(&self) -> Result<replica::Claim, ConfigError> {
+        let ttl = Duration::from_millis(self.config.lease_ttl_ms);
+        replica::Claim::take(self.link.clone(), ttl).await
+    }
+
+    /// Starts the lease gates, the syncer and the renewal of `claim`; they stop after `stop`
+    /// turns true (a gate once its pool has drained, releasing its leases; the claim is
+    /// released).
+    pub fn spawn(&self, claim: replica::Claim, stop: watch::Receiver<bool>) {
+        tokio::spawn(claim.keep(stop.clone()));
         for g in &self.gates {
             tokio::spawn(g.clone().run(stop.clone()));
         }
@@ -147,5 +161,38 @@ impl Cluster {
             Duration::from_millis(self.config.sync_interval_ms),
         );
         tokio::spawn(syncer.run(stop));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A Redis URL that passes validation but not the client: the error names the key, never
+    /// the URL (it may hold a password).
+    #[tokio::test]
+    async fn a_bad_redis_url_is_refused_without_echoing_its_password() {
+        let mut refused = 0;
+        for url in [
+            "redis://:sk-SECRET-9@[::1",
+            "redis://user:sk-SECRET-9@h:notaport",
+            "redis://:sk-SECRET-9@h:6379/notadb",
+        ] {
+            let text = format!(
+                "[[upstreams]]\nname = \"u\"\nbase_url = \"http://h/v1\"\n\
+                 [cluster]\nredis_url = \"{url}\"\n"
+            );
+            let e = match Config::from_toml_str(&text) {
+                Err(e) => e.to_string(),
+                Ok(config) => match connect(&config, metrics::Gauge::noop()) {
+                    Err(e) => e.to_string(),
+                    Ok(_) => continue,
+                },
+            };
+            assert!(e.starts_with("cluster.redis_url"), "{e}");
+            assert!(!e.contains("SECRET"), "{e}");
+            refused += 1;
+        }
+        assert!(refused >= 2, "{refused}");
     }
 }

@@ -6,6 +6,7 @@
 //! exist, URLs are http(s), digests are 64 hex chars). Environment variables are read only by
 //! [`Config::check_env`], at startup.
 
+mod cidr;
 mod cluster;
 mod observe;
 mod schema;
@@ -13,6 +14,7 @@ mod validate;
 
 use std::path::{Path, PathBuf};
 
+pub use cidr::Cidr;
 pub use cluster::ClusterConfig;
 pub use observe::{AdminConfig, LogConfig, LogFormat, MetricsConfig};
 pub use schema::*;
@@ -63,10 +65,10 @@ impl Config {
 
     /// Parses and validates TOML text. Errors name the key path, e.g. `tenants[0].wieght`.
     pub fn from_toml_str(text: &str) -> Result<Config, ConfigError> {
-        let de = toml::Deserializer::parse(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        let de = toml::Deserializer::parse(text).map_err(|e| ConfigError::Parse(at(text, &e)))?;
         let config: Config = serde_path_to_error::deserialize(de).map_err(|e| {
             let path = e.path().to_string();
-            let inner = e.into_inner().message().trim().to_owned();
+            let inner = redact(e.into_inner().message().trim());
             ConfigError::Parse(if path == "." {
                 inner
             } else {
@@ -104,6 +106,56 @@ impl Config {
             })
             .collect()
     }
+}
+
+/// A TOML syntax error as `line L, column C: message`, without the source line the `toml`
+/// crate would quote (it may hold a key, token or Redis password).
+fn at(text: &str, e: &toml::de::Error) -> String {
+    let message = redact(e.message().trim());
+    match e.span() {
+        Some(span) => {
+            let before = &text[..span.start.min(text.len())];
+            let line = before.matches('\n').count() + 1;
+            let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+            format!("TOML parse error at line {line}, column {column}: {message}")
+        }
+        None => format!("TOML parse error: {message}"),
+    }
+}
+
+/// `message` with every double-quoted string replaced by `"…"`: serde quotes the offending value
+/// (`invalid type: string "sk-…", expected a sequence`), and a value may be a secret; so is the
+/// value of an `unknown variant`. Key names and the expected variants (in backticks) are kept.
+pub fn redact(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut quoted = false;
+    let mut escaped = false;
+    for c in message.chars() {
+        if quoted {
+            match (escaped, c) {
+                (false, '\\') => escaped = true,
+                (false, '"') => {
+                    quoted = false;
+                    out.push_str("…\"");
+                }
+                _ => escaped = false,
+            }
+        } else {
+            out.push(c);
+            quoted = c == '"';
+        }
+    }
+    if quoted {
+        out.push('…');
+    }
+    // An unknown enum value is quoted in backticks: a value too (field names stay shown).
+    const VARIANT: &str = "unknown variant `";
+    if let Some(start) = out.find(VARIANT).map(|i| i + VARIANT.len()) {
+        if let Some(len) = out[start..].find('`') {
+            out.replace_range(start..start + len, "…");
+        }
+    }
+    out
 }
 
 /// What `fairgate check` prints on success, plus warnings (e.g. unset env vars).
@@ -149,6 +201,42 @@ mod tests {
             "{warnings:?}"
         );
         let _ = std::fs::remove_file(path);
+    }
+
+    /// Config and reload errors never echo a secret value (keys, tokens, Redis passwords).
+    #[test]
+    fn errors_never_echo_a_secret() {
+        const SECRET: &str = "sk-SECRET-0123";
+        let base = "[[upstreams]]\nname = \"u\"\nbase_url = \"http://h/v1\"\n";
+        for bad in [
+            format!("{base}[[tenants]]\nid = \"a\"\napi_keys = \"{SECRET}\"\n"),
+            format!("{base}[[tenants]]\nid = \"a\"\napi_keys = [\"{SECRET}\"\n"),
+            format!("{base}[[tenants]]\nid = \"a\"\napi_keys = [\"{SECRET}\", \"{SECRET}\"]\n"),
+            format!("{base}[[tenants]]\nid = \"a\"\napi_keys = [\"{SECRET}\"] x\n"),
+            format!("{base}[[tenants]]\nid = \"a\"\nrecovery_api_keys = [{{k = \"{SECRET}\"}}]\n"),
+            format!("{base}[[tenants]]\nid = \"a\"\napi_keys = [\"k\"]\npriority = \"{SECRET}\"\n"),
+            format!("{base}[cluster]\nredis_url = \"redis://:{SECRET}@h:6379\"\ntimeout_ms = 0\n"),
+            format!("{base}[cluster]\nredis_url = \"rediss://:{SECRET}@h:6379\"\n"),
+            format!("{base}[cluster]\nredis_url = \"http://:{SECRET}@h\"\n"),
+            format!("{base}[cluster]\nredis_url = 7 {SECRET}\n"),
+            format!("{base}[admin]\ntoken = \"{SECRET}\"\n"),
+        ] {
+            let e = Config::from_toml_str(&bad).unwrap_err().to_string();
+            assert!(!e.contains(SECRET) && !e.contains("SECRET"), "{e}");
+            assert!(!e.is_empty());
+        }
+        assert_eq!(
+            redact(r#"invalid type: string "a\"b", expected `x`"#),
+            r#"invalid type: string "…", expected `x`"#
+        );
+    }
+
+    #[test]
+    fn syntax_errors_name_line_and_column() {
+        let e = Config::from_toml_str("[server]\nlisten = = 3\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("TOML parse error at line 2, column"), "{e}");
     }
 
     #[test]

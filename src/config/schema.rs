@@ -113,6 +113,9 @@ pub struct AdmissionConfig {
     pub retry_backoff_ms: u64,
     /// Ceiling of one retry backoff in ms.
     pub retry_backoff_max_ms: u64,
+    /// Total time one request may wait between its upstream attempts (holding its pool slot),
+    /// ms; a retry that would wait longer is not made and the 429 goes to the client.
+    pub max_retry_wait_ms: u64,
 }
 
 impl Default for AdmissionConfig {
@@ -124,6 +127,7 @@ impl Default for AdmissionConfig {
             max_retries: 3,
             retry_backoff_ms: 50,
             retry_backoff_max_ms: 2_000,
+            max_retry_wait_ms: 3_000,
         }
     }
 }
@@ -157,6 +161,9 @@ pub struct ServerConfig {
     pub listen: SocketAddr,
     /// Sidecar mode: a trusted header naming the tenant id.
     pub tenant_header: Option<String>,
+    /// Peers whose `tenant_header` is trusted (CIDR ranges); from any other peer the header is
+    /// ignored and an API key is required.
+    pub trusted_sources: Vec<String>,
     /// Request body cap in bytes.
     pub max_body_bytes: usize,
     /// Drain time on shutdown, milliseconds.
@@ -186,6 +193,7 @@ impl Default for ServerConfig {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             tenant_header: None,
+            trusted_sources: vec!["127.0.0.1/32".to_owned(), "::1/128".to_owned()],
             max_body_bytes: 8 * 1024 * 1024,
             shutdown_grace_ms: 30_000,
             tls: None,
@@ -392,6 +400,10 @@ pub struct TenantConfig {
     /// Env var holding this tenant's own provider key.
     #[serde(default)]
     pub upstream_api_key_env: Option<String>,
+    /// Credential or account-selecting headers (e.g. `openai-project`) this tenant's clients
+    /// may send to the provider; all others are stripped.
+    #[serde(default)]
+    pub forward_headers: Vec<String>,
     /// Default class of this tenant's requests.
     #[serde(default)]
     pub priority: Class,

@@ -145,6 +145,14 @@ pub fn validate(c: &Config) -> Result<(), ConfigError> {
             return Err(invalid("server.tenant_header", "not a valid header name"));
         }
     }
+    for (i, s) in c.server.trusted_sources.iter().enumerate() {
+        if super::Cidr::parse(s).is_none() {
+            return Err(invalid(
+                format!("server.trusted_sources[{i}]"),
+                format!("{s:?} is not an address range (e.g. \"127.0.0.1/32\", \"::1/128\")"),
+            ));
+        }
+    }
     if matches!(c.server.workers, Some(n) if n == 0 || n > 256) {
         return Err(invalid("server.workers", "must be between 1 and 256"));
     }
@@ -209,6 +217,16 @@ pub fn validate(c: &Config) -> Result<(), ConfigError> {
         if u.max_concurrency == 0 {
             return Err(invalid(key("max_concurrency"), "must be > 0"));
         }
+        if c.scheduler.reserved_slots >= u.max_concurrency {
+            return Err(invalid(
+                "scheduler.reserved_slots",
+                format!(
+                    "must be below upstreams[{i}].max_concurrency ({}): ordinary traffic needs \
+                     at least one slot",
+                    u.max_concurrency
+                ),
+            ));
+        }
         if u.models.is_empty() || u.models.iter().any(String::is_empty) {
             return Err(invalid(
                 key("models"),
@@ -265,6 +283,20 @@ pub fn validate(c: &Config) -> Result<(), ConfigError> {
             return Err(invalid(key("max_concurrency"), "must be > 0"));
         }
         env_name(key("upstream_api_key_env"), &t.upstream_api_key_env)?;
+        for h in &t.forward_headers {
+            let name = http::HeaderName::from_bytes(h.as_bytes()).map_err(|_| {
+                invalid(
+                    key("forward_headers"),
+                    format!("{h:?} is not a header name"),
+                )
+            })?;
+            if name == http::header::AUTHORIZATION || name.as_str().starts_with("x-fairgate-") {
+                return Err(invalid(
+                    key("forward_headers"),
+                    format!("{name} is never forwarded (authorization is fairgate's to set)"),
+                ));
+            }
+        }
         let plain = t.api_keys.iter().map(|k| ("api_keys", k));
         let recovery = t.recovery_api_keys.iter().map(|k| ("recovery_api_keys", k));
         let batch = t.batch_api_keys.iter().map(|k| ("batch_api_keys", k));
@@ -445,6 +477,39 @@ base_url = "http://127.0.0.1:9000/v1"
         assert!(e.starts_with("upstreams[0].base_url"), "{e}");
         let e = err("[[tenants]]\nid = \"a\"\n");
         assert!(e.starts_with("tenants[0].api_keys"), "{e}");
+    }
+
+    #[test]
+    fn forward_headers_must_be_names_and_never_authorization_or_ours() {
+        let t = "[[tenants]]\nid = \"a\"\napi_keys = [\"k\"]\n";
+        let e = err(&format!("{t}forward_headers = [\"bad header\"]\n"));
+        assert!(e.starts_with("tenants[0].forward_headers"), "{e}");
+        let e = err(&format!("{t}forward_headers = [\"Authorization\"]\n"));
+        assert!(e.starts_with("tenants[0].forward_headers"), "{e}");
+        let e = err(&format!("{t}forward_headers = [\"x-fairgate-priority\"]\n"));
+        assert!(e.starts_with("tenants[0].forward_headers"), "{e}");
+        let ok = format!("{BASE}{t}forward_headers = [\"openai-project\"]\n");
+        assert!(Config::from_toml_str(&ok).is_ok());
+    }
+
+    #[test]
+    fn reserved_slots_must_leave_ordinary_traffic_a_slot() {
+        let pool = "max_concurrency = 4\n";
+        let e = err(&format!("{pool}[scheduler]\nreserved_slots = 4\n"));
+        assert!(e.starts_with("scheduler.reserved_slots"), "{e}");
+        assert!(e.contains("upstreams[0].max_concurrency (4)"), "{e}");
+        let e = err(&format!("{pool}[scheduler]\nreserved_slots = 9\n"));
+        assert!(e.starts_with("scheduler.reserved_slots"), "{e}");
+        let ok = format!("{BASE}{pool}[scheduler]\nreserved_slots = 3\n");
+        assert!(Config::from_toml_str(&ok).is_ok());
+    }
+
+    #[test]
+    fn trusted_sources_default_to_loopback_and_must_parse() {
+        let c = Config::from_toml_str(BASE).unwrap();
+        assert_eq!(c.server.trusted_sources, vec!["127.0.0.1/32", "::1/128"]);
+        let e = err("[server]\ntrusted_sources = [\"10.0.0.0/8\", \"10.0.0.0/40\"]\n");
+        assert!(e.starts_with("server.trusted_sources[1]"), "{e}");
     }
 
     #[test]

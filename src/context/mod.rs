@@ -58,6 +58,12 @@ pub struct Context {
     usage: OnceLock<Usage>,
 }
 
+/// The client connection's peer address, put in each request's extensions by the connection
+/// that read it (`server::connection`); the tenant stage trusts a sidecar header only from
+/// `[server] trusted_sources`. Absent (a request not read from a socket): trusted nowhere.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerAddr(pub std::net::IpAddr);
+
 /// The handle to a request's [`Context`] (cheap to clone; in the request's extensions).
 #[derive(Clone, Debug)]
 pub struct Ctx(Arc<Context>);

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use http::HeaderValue;
+use http::{HeaderName, HeaderValue};
 
 use crate::domain::{Class, TenantId, Weight};
 
@@ -22,6 +22,9 @@ pub struct Tenant {
     pub priority: Class,
     /// Its own provider key as a ready `Bearer …` header value (marked sensitive), if configured.
     pub upstream_key: Option<HeaderValue>,
+    /// Credential or account headers this tenant's clients may send to the provider
+    /// (`forward_headers`; every other one is stripped, see `upstream::headers`).
+    pub forward_headers: Vec<HeaderName>,
 }
 
 /// Who is calling.

@@ -271,7 +271,7 @@ pub fn upstream_wait(h: &HeaderMap) -> Option<Duration> {
 }
 
 /// The reset of a budget the upstream reports as spent (`x-ratelimit-remaining-*: 0`).
-fn spent_until(h: &HeaderMap) -> Option<Duration> {
+pub(crate) fn spent_until(h: &HeaderMap) -> Option<Duration> {
     [
         (REMAINING_REQUESTS, RESET_REQUESTS),
         (REMAINING_TOKENS, RESET_TOKENS),

@@ -11,6 +11,16 @@
 //! `x-fairgate-limit: upstream` and always carries a `Retry-After` (the upstream's, else the wait
 //! the next attempt would have had).
 //!
+//! Retries hold the request's pool slot while they wait, so the whole wait of one request is
+//! capped by `max_retry_wait_ms`: a retry whose wait (backoff, the upstream's `Retry-After`, the
+//! pool's pause) would pass it is not made, and the 429 goes to the client at once.
+//!
+//! A tenant with its own provider key (`upstream_api_key_env`): its answers feed
+//! [`KeyPauses`], never the pool's capacity (nor its wire order); while its key is paused its
+//! requests are refused at the top of this stage ([`KeyPaused`]: 429, `x-fairgate-limit:
+//! upstream`, `Retry-After` = the pause left, never sent) and its 429s are passed on at once,
+//! not retried — the key's exhaustion is the tenant's limit and never pins a pool slot.
+//!
 //! Invariant: only a complete upstream *head* is inspected, and a retried answer's body is
 //! dropped unread, so nothing of a failed attempt reaches the client.
 
@@ -25,6 +35,7 @@ use http::{HeaderValue, Request, Response, StatusCode};
 use rand::Rng;
 
 use super::capacity::{upstream_wait, PoolCapacity};
+use super::keys::KeyPauses;
 use crate::config::AdmissionConfig;
 use crate::error::{retry_headers, Error, LIMIT_HEADER, RETRY_AFTER_MS};
 use crate::ratelimit::RateStore;
@@ -39,6 +50,8 @@ pub struct RetryPolicy {
     pub base: Duration,
     /// Backoff ceiling.
     pub max: Duration,
+    /// Total wait between one request's attempts (`max_retry_wait_ms`).
+    pub max_wait: Duration,
 }
 
 impl RetryPolicy {
@@ -48,6 +61,7 @@ impl RetryPolicy {
             max_retries: c.max_retries,
             base: Duration::from_millis(c.retry_backoff_ms),
             max: Duration::from_millis(c.retry_backoff_max_ms),
+            max_wait: Duration::from_millis(c.max_retry_wait_ms),
         }
     }
 
@@ -75,6 +89,8 @@ pub struct RetryStats {
 pub struct Shared {
     /// Each pool's learned capacity, indexed like `[[upstreams]]`.
     pub capacity: Arc<[Arc<PoolCapacity>]>,
+    /// Tenants' own provider keys' pauses.
+    pub key_pauses: Arc<KeyPauses>,
     /// Where a retried attempt is charged.
     pub store: Arc<dyn RateStore>,
     /// Backoff and attempts.
@@ -137,20 +153,34 @@ where
         let shared = self.shared.clone();
         Box::pin(async move {
             let ctx = crate::context::of(&req)?;
+            let index = ctx.route()?.pool;
             let pool = shared
                 .capacity
-                .get(ctx.route()?.pool)
+                .get(index)
                 .cloned()
                 .ok_or_else(|| Error::internal("no capacity controller for the routed pool"))?;
-            let tenant = ctx.identity()?.tenant.id.clone();
+            let identity = ctx.identity()?;
+            let tenant = identity.tenant.id.clone();
+            // A tenant's own provider key: its answers teach that key, not the pool.
+            let own_key = identity.tenant.upstream_key.is_some();
+            let model = ctx.request().map(|p| p.model.clone()).unwrap_or_default();
             let admitted = *ctx.admitted()?;
             let deadline = admitted.deadline;
+            let mut waited = Duration::ZERO;
             let mut attempt = 0;
             let mut req = Some(req);
             loop {
                 use tower::ServiceExt;
+                if own_key {
+                    let paused = shared.key_pauses.paused_for(index, &tenant, &model);
+                    if !paused.is_zero() {
+                        return Err(KeyPaused(paused).into());
+                    }
+                }
                 let ready = inner.ready().await?;
-                let ticket = pool.send();
+                // Only the pool key's requests are on the pool's wire (they alone say where
+                // the shared key's limit is).
+                let ticket = (!own_key).then(|| pool.send());
                 // The last attempt allowed takes the request itself; earlier ones a copy.
                 let this = match req.take() {
                     Some(r) if attempt >= shared.policy.max_retries => r,
@@ -163,32 +193,50 @@ where
                 };
                 let mut result = ready.call(this).await;
                 let (status, wait) = match &result {
+                    Ok(res) if own_key => {
+                        let h = res.headers();
+                        shared
+                            .key_pauses
+                            .observe(index, &tenant, &model, res.status(), h);
+                        (res.status(), upstream_wait(h))
+                    }
                     Ok(res) => {
-                        pool.observe(Some(&ticket), res.status(), res.headers());
+                        pool.observe(ticket.as_ref(), res.status(), res.headers());
                         (res.status(), upstream_wait(res.headers()))
                     }
                     Err(e) => (e.status(), None),
                 };
                 if !retryable(status) {
                     // The request occupies the upstream until its body ends.
-                    if let Ok(res) = &mut result {
+                    if let (Ok(res), Some(ticket)) = (&mut result, ticket) {
                         res.body_mut().attach(Box::new(ticket));
                     }
                     return result;
                 }
                 drop(ticket);
+                let pool_pause = if own_key {
+                    Duration::ZERO
+                } else {
+                    pool.paused_for()
+                };
                 let backoff = shared
                     .policy
                     .backoff(attempt)
                     .max(wait.unwrap_or_default())
-                    .max(pool.paused_for());
+                    .max(pool_pause);
                 let in_time = deadline.is_none_or(|d| backoff < d.remaining());
-                if attempt >= shared.policy.max_retries || !in_time {
+                // A retry waits holding its pool slot: the whole wait is capped.
+                let within_cap = waited + backoff <= shared.policy.max_wait;
+                // An exhausted own key is the tenant's limit: said at once, never waited out
+                // in a pool slot.
+                let own_refusal = own_key && status == StatusCode::TOO_MANY_REQUESTS;
+                if attempt >= shared.policy.max_retries || !in_time || !within_cap || own_refusal {
                     shared.stats.exhausted.fetch_add(1, Ordering::Relaxed);
                     return result.map(|res| give_up(res, backoff));
                 }
                 drop(result);
                 tokio::time::sleep(backoff).await;
+                waited += backoff;
                 attempt += 1;
                 shared.stats.retries.fetch_add(1, Ordering::Relaxed);
                 // The attempt is the tenant's load, not everyone's: charged to its buckets here
@@ -200,6 +248,36 @@ where
                 ctx.add_retry();
             }
         })
+    }
+}
+
+/// A tenant's own provider key is paused (it answered 429 or said its budget is spent): the
+/// tenant's request is refused before it reaches the provider.
+#[derive(Debug, thiserror::Error)]
+#[error("your provider key's rate limit is exhausted; retry after the provider's reset")]
+pub struct KeyPaused(pub Duration);
+
+impl crate::error::ApiError for KeyPaused {
+    fn status(&self) -> StatusCode {
+        StatusCode::TOO_MANY_REQUESTS
+    }
+    fn kind(&self) -> &'static str {
+        "rate_limit_error"
+    }
+    fn code(&self) -> &'static str {
+        "rate_limit_exceeded"
+    }
+    fn limit(&self) -> Option<&'static str> {
+        Some("upstream")
+    }
+    fn retry_after(&self) -> Option<Duration> {
+        Some(self.0)
+    }
+    fn reason(&self) -> &'static str {
+        "upstream_key_paused"
+    }
+    fn never_sent(&self) -> bool {
+        true
     }
 }
 
@@ -255,6 +333,7 @@ mod tests {
             max_retries: 3,
             base: Duration::from_millis(100),
             max: Duration::from_millis(500),
+            max_wait: Duration::from_secs(3),
         };
         for _ in 0..50 {
             let b0 = p.backoff(0);

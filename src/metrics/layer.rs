@@ -8,8 +8,10 @@
 //! The dispatch itself (served share, queue wait, admitted cost) is recorded when the grant is
 //! made: [`Metrics`] is the fair queue's [`crate::queue::Observer`].
 //!
-//! Invariants: the log line carries the tenant id, model, token counts, timings, status, the
-//! connection worker that served it and the limit that refused the request — never a key, a header value, a prompt or a completion.
+//! Invariants: the log line carries the request id, tenant id, model, token counts, timings,
+//! status, the connection worker that served it and the limit that refused the request — never
+//! a key, a header value, a prompt or a completion; its one client-chosen string, the model, is
+//! the bounded label of `TenantMetrics::model_label`.
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -210,6 +212,8 @@ impl Drop for Done {
         if let (Some(model), Some(estimated), Some(_)) = (model, estimated, dispatch) {
             t.tokens(model, estimated, actual);
         }
+        // Client-chosen: logged as it is labelled (cut, past the tenant's count `other`).
+        let model = model.map(|m| t.model_label(m));
         let tenant = ctx.identity_if_known().map(|i| i.tenant.id.as_str());
         let request_id = ctx.request_id().to_str().unwrap_or_default();
         tracing::info!(

@@ -192,6 +192,13 @@ impl Metrics {
         self.recorder.register_gauge(&Key::from_name(name), &META)
     }
 
+    /// A counter without labels in this registry, incremented by its owner (e.g.
+    /// `fairgate_untrusted_tenant_header_total`). Registering a name again returns the same
+    /// series (a reload keeps counting).
+    pub fn plain_counter(&self, name: &'static str) -> metrics::Counter {
+        self.recorder.register_counter(&Key::from_name(name), &META)
+    }
+
     /// A gauge with one label in this registry, set by its owner (e.g.
     /// `fairgate_connections{state}`).
     pub fn labeled_gauge(

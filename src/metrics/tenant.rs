@@ -3,6 +3,10 @@
 //! once; after that, recording builds no label strings. Status 200 and the tenant's first model
 //! (nearly every request) are recorded without taking the maps' locks, which both connection
 //! workers would otherwise contend for on every request.
+//!
+//! Labels and logs bounded: a model name is client-chosen, so the `model` label (and the model
+//! in the request log line, through [`TenantMetrics::model_label`]) is cut to [`MAX_LABEL`] bytes
+//! and, past [`MAX_MODELS`] distinct names per tenant, folded into `other`.
 
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -14,7 +18,18 @@ use super::META;
 use crate::domain::Class;
 
 /// Distinct models counted per tenant before the rest is counted as `other`.
-const MAX_MODELS: usize = 32;
+pub const MAX_MODELS: usize = 32;
+/// Longest model label (bytes; cut on a character boundary).
+pub const MAX_LABEL: usize = 64;
+
+/// `model` cut to [`MAX_LABEL`] bytes on a character boundary.
+fn cut(model: &str) -> &str {
+    let mut end = model.len().min(MAX_LABEL);
+    while !model.is_char_boundary(end) {
+        end -= 1;
+    }
+    &model[..end]
+}
 
 /// What became of a request's estimated cost (`fairgate_cost_tokens_total{outcome}`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -158,6 +173,22 @@ impl TenantMetrics {
         if let Some((_, e, a)) = self.first_model.get().filter(|(m, ..)| m == model) {
             return self.add_tokens(e, a, estimated, actual);
         }
+        let (_, e, a) = self.model_series(model);
+        self.add_tokens(&e, &a, estimated, actual);
+    }
+
+    /// The name `model` is shown under, in its label and in the request log line: cut to
+    /// [`MAX_LABEL`] bytes, or `other` once the tenant has [`MAX_MODELS`] others (registers it).
+    pub fn model_label(&self, model: &str) -> String {
+        match self.first_model.get().filter(|(m, ..)| m == model) {
+            Some((m, ..)) => m.clone(),
+            None => self.model_series(model).0,
+        }
+    }
+
+    /// The label and (estimated, actual) counters `model` is counted under, registered once.
+    fn model_series(&self, model: &str) -> (String, Counter, Counter) {
+        let model = cut(model);
         let mut map = self.models.lock().unwrap_or_else(|p| p.into_inner());
         let model = if map.contains_key(model) || map.len() < MAX_MODELS {
             model
@@ -185,7 +216,7 @@ impl TenantMetrics {
             map.insert(model.to_owned(), v);
         }
         let (e, a) = &map[model];
-        self.add_tokens(e, a, estimated, actual);
+        (model.to_owned(), e.clone(), a.clone())
     }
 
     fn add_tokens(&self, e: &Counter, a: &Counter, estimated: u64, actual: Option<u64>) {
@@ -241,5 +272,36 @@ mod tests {
         let act = r#"fairgate_tokens_actual_total{tenant="t",model="#;
         assert_eq!(value(&format!(r#"{act}"m1"}}"#)), "22");
         assert_eq!(value(&format!(r#"{act}"m2"}}"#)), "1");
+    }
+
+    #[test]
+    fn client_chosen_model_names_are_cut_and_folded_into_other() {
+        let recorder = Arc::new(PrometheusBuilder::new().build_recorder());
+        let t = TenantMetrics::new(&recorder, "t");
+        let long = format!("{}é", "m".repeat(MAX_LABEL - 1));
+        assert_eq!(
+            t.model_label(&long),
+            "m".repeat(MAX_LABEL - 1),
+            "cut on a char"
+        );
+        for i in 0..500 {
+            let model = format!("invented-{i}-{}", "x".repeat(10_000));
+            t.tokens(&model, 1, Some(1));
+            let label = t.model_label(&model);
+            assert!(label.len() <= MAX_LABEL);
+            if i >= MAX_MODELS {
+                assert_eq!(label, "other");
+            }
+        }
+        let text = recorder.handle().render();
+        let series = text
+            .lines()
+            .filter(|l| l.starts_with("fairgate_tokens_estimated_total{"))
+            .count();
+        assert_eq!(series, MAX_MODELS + 1, "{MAX_MODELS} names and `other`");
+        assert!(text.lines().all(|l| l.len() < 200), "no long label");
+        assert!(text.contains(r#"model="other"} 469"#), "{text}");
+        // A known model keeps its name.
+        assert_eq!(t.model_label(&long), "m".repeat(MAX_LABEL - 1));
     }
 }

@@ -81,7 +81,10 @@ impl hyper::service::Service<Request<Incoming>> for Tracked {
     type Future =
         TrackedFuture<<LiveService as hyper::service::Service<Request<Incoming>>>::Future>;
 
-    fn call(&self, req: Request<Incoming>) -> Self::Future {
+    fn call(&self, mut req: Request<Incoming>) -> Self::Future {
+        // Who sent it: the tenant stage trusts a sidecar header only from trusted sources.
+        req.extensions_mut()
+            .insert(crate::context::PeerAddr(self.entry.ip()));
         let busy = self.entry.begin();
         let h1 = req.version() < Version::HTTP_2;
         TrackedFuture {

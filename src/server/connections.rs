@@ -87,6 +87,11 @@ pub struct Entry {
 }
 
 impl Entry {
+    /// The peer's address.
+    pub fn ip(&self) -> IpAddr {
+        self.ip
+    }
+
     fn ms(&self, at: Instant) -> u64 {
         at.saturating_duration_since(self.epoch).as_millis() as u64
     }

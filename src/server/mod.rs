@@ -127,7 +127,11 @@ impl State {
     /// As [`State::new`], reading `*_env` variables from `env`.
     pub fn with_env(config: Config, env_source: Env) -> Result<Self, ConfigError> {
         let env = |var: &str| env_source.get(var);
-        let tenants = Arc::new(Directory::from_config(&config, env)?);
+        let metrics = Metrics::new(&config);
+        let tenants = Arc::new(
+            Directory::from_config(&config, env)?
+                .count_untrusted_on(metrics.plain_counter(UNTRUSTED_HEADER)),
+        );
         let lanes = workers::count(&config.server);
         let upstreams = config
             .upstreams
@@ -138,7 +142,6 @@ impl State {
         let admin_token = Self::admin_token(&config, env)?;
         let estimator = Arc::new(Estimator::new(&config.estimate, &config.models));
         let pools = queue::pools(&config, tenants.tenants(), &estimator);
-        let metrics = Metrics::new(&config);
         // Cluster mode: the shared rate store replaces the in-memory one, and a lease gate per
         // pool bounds its dispatch by the slots leased in Redis.
         let linked =
@@ -178,9 +181,20 @@ impl State {
             key: "admin.token_env".to_owned(),
             var: var.clone(),
         })?;
+        // An empty token would open the admin API to `Authorization: Bearer ` (and a blank one
+        // to anyone who guesses whitespace): refused, never echoed.
+        if token.trim().is_empty() {
+            return Err(ConfigError::Invalid {
+                key: "admin.token_env".to_owned(),
+                message: format!("{var} is empty: the admin token must not be empty"),
+            });
+        }
         Ok(Some(Arc::from(token)))
     }
 }
+
+/// Requests that carried the sidecar tenant header from a peer outside `trusted_sources`.
+pub const UNTRUSTED_HEADER: &str = "fairgate_untrusted_tenant_header_total";
 
 /// The whole request path, outermost first.
 ///
@@ -380,6 +394,11 @@ async fn start_on(
         None => None,
     };
     let state = State::with_env(config, env)?;
+    // Cluster mode: a replica id already live in the cluster is refused before serving.
+    let claim = match &state.cluster {
+        Some(cluster) => Some(cluster.claim().await?),
+        None => None,
+    };
     let pools = state.pools.clone();
     let admission = state.admission.clone();
     let estimator = state.estimator.clone();
@@ -390,8 +409,8 @@ async fn start_on(
     };
     let (stop, stopped) = watch::channel(false);
     let done = workers::spawn(listeners, &conns, &stopped)?;
-    if let Some(cluster) = &state.cluster {
-        cluster.spawn(stop.subscribe());
+    if let (Some(cluster), Some(claim)) = (&state.cluster, claim) {
+        cluster.spawn(claim, stop.subscribe());
     }
     let admin_addr = match admin_listener {
         Some(l) => {
@@ -536,6 +555,30 @@ mod tests {
         )
         .unwrap();
         State::new(config).unwrap()
+    }
+
+    #[test]
+    fn an_empty_admin_token_is_refused_without_echoing_one() {
+        let config = Config::from_toml_str(
+            "[admin]\ntoken_env = \"ADMIN_T\"\n\
+             [[upstreams]]\nname = \"u\"\nbase_url = \"http://127.0.0.1:9/v1\"\n",
+        )
+        .unwrap();
+        for empty in ["", "  ", "\t"] {
+            let e = State::admin_token(&config, |_| Some(empty.to_owned()))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.starts_with("admin.token_env") && e.contains("empty"),
+                "{e}"
+            );
+        }
+        let t = State::admin_token(&config, |_| Some("s3cret".to_owned())).unwrap();
+        assert_eq!(t.as_deref(), Some("s3cret"));
+        let e = State::admin_token(&config, |_| None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("ADMIN_T"), "{e}");
     }
 
     async fn status(state: &State, req: Request<Full<Bytes>>) -> u16 {

@@ -1,8 +1,9 @@
 //! The operations endpoints (`/metrics`, `/admin/*`): layered into the main stack, or served on
 //! their own listener when `[admin] listen` is set.
 //!
-//! Invariant: the operations listener answers nothing but these endpoints (everything else is
-//! 404) and stops accepting when the server shuts down.
+//! Invariant: the operations listener answers nothing but these endpoints and the probes
+//! (`/healthz`, `/readyz`: a sidecar's proxy may listen on loopback only, where the kubelet
+//! cannot reach it) — everything else is 404 — and stops accepting when the server shuts down.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -46,7 +47,7 @@ pub(super) fn admin(state: &State) -> admin::Layer {
     }
 }
 
-/// The operations listener's stack: `/metrics`, `/admin/*`, else 404.
+/// The operations listener's stack: probes, `/metrics`, `/admin/*`, else 404.
 pub fn stack<B: Send + 'static>(
     state: &State,
 ) -> impl tower::Service<
@@ -59,6 +60,7 @@ pub fn stack<B: Send + 'static>(
        + 'static {
     ServiceBuilder::new()
         .layer(render::Layer)
+        .layer(crate::health::Layer(state.ready.clone()))
         .layer(scrape(state))
         .layer(admin(state))
         .service(tower::service_fn(|_: Request<B>| async {

@@ -49,7 +49,10 @@ impl State {
             ..diff::diff(&self.config, &config)
         };
         let env = |var: &str| self.env.get(var);
-        let tenants = Arc::new(Directory::from_config(&config, env)?);
+        let tenants = Arc::new(
+            Directory::from_config(&config, env)?
+                .count_untrusted_on(self.metrics.plain_counter(super::UNTRUSTED_HEADER)),
+        );
         let admin_token = Self::admin_token(&config, env)?;
         // Which old pool each new upstream continues (matched by name).
         let old_index: Vec<Option<usize>> = config

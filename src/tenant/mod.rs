@@ -1,15 +1,21 @@
 //! Tenant stage: who is calling. `Authorization: Bearer <key>` → SHA-256 digest → [`Tenant`],
 //! or, in sidecar mode (`[server] tenant_header`), a trusted header naming the tenant id.
 //!
+//! Sidecar mode is safe by default: the header is trusted only from a peer in `[server]
+//! trusted_sources` (default loopback: `127.0.0.1/32`, `::1/128`). From any other peer (or
+//! with no known peer) the header is ignored, an API key is required as without sidecar mode,
+//! and the request is counted (`fairgate_untrusted_tenant_header_total`) when it carried one.
+//!
 //! Writes the request context's [`Identity`]. Invariants: keys are only ever held as
 //! digests, never logged or echoed; every lookup costs one hash and one map probe whether or not
 //! the key matches; an unknown or missing key never reaches later stages (401).
 
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use http::{header, HeaderMap, HeaderName, StatusCode};
 
-use crate::config::{Config, ConfigError};
+use crate::config::{Cidr, Config, ConfigError};
 use crate::domain::{Class, TenantId};
 use crate::error::ApiError;
 
@@ -68,6 +74,10 @@ pub struct Directory {
     by_digest: crate::domain::FastMap<[u8; 32], (Arc<Tenant>, bool, Option<Class>)>,
     by_id: crate::domain::FastMap<Box<str>, Arc<Tenant>>,
     header: Option<HeaderName>,
+    /// Peers whose sidecar header is trusted.
+    trusted: Vec<Cidr>,
+    /// Requests that carried the sidecar header from an untrusted peer.
+    untrusted: Option<metrics::Counter>,
 }
 
 impl Directory {
@@ -82,6 +92,12 @@ impl Directory {
                 .tenant_header
                 .as_deref()
                 .and_then(|h| HeaderName::from_bytes(h.as_bytes()).ok()),
+            trusted: config
+                .server
+                .trusted_sources
+                .iter()
+                .filter_map(|s| Cidr::parse(s))
+                .collect(),
             ..Directory::default()
         };
         for (i, t) in config.tenants.iter().enumerate() {
@@ -105,6 +121,11 @@ impl Directory {
                 max_queued: t.effective_max_queued(config),
                 priority: t.priority,
                 upstream_key,
+                forward_headers: t
+                    .forward_headers
+                    .iter()
+                    .filter_map(|h| HeaderName::from_bytes(h.as_bytes()).ok())
+                    .collect(),
             });
             let keys = t
                 .api_keys
@@ -124,6 +145,12 @@ impl Directory {
             dir.by_id.insert(t.id.as_str().into(), tenant);
         }
         Ok(dir)
+    }
+
+    /// Counts sidecar headers from untrusted peers on `counter`.
+    pub fn count_untrusted_on(mut self, counter: metrics::Counter) -> Self {
+        self.untrusted = Some(counter);
+        self
     }
 
     /// Every configured tenant (in no particular order).
@@ -146,9 +173,18 @@ impl Directory {
         self.by_id.is_empty()
     }
 
-    /// Identifies the caller from request headers.
-    pub fn identify(&self, headers: &HeaderMap) -> Result<Identity, Error> {
-        let (tenant, recovery, key_class) = match &self.header {
+    /// Identifies the caller from request headers sent by `peer` (see the module docs).
+    pub fn identify(&self, headers: &HeaderMap, peer: Option<IpAddr>) -> Result<Identity, Error> {
+        let sidecar = self.header.as_ref().filter(|name| {
+            let trusted = peer.is_some_and(|ip| self.trusted.iter().any(|c| c.contains(ip)));
+            if !trusted && headers.contains_key(*name) {
+                if let Some(c) = &self.untrusted {
+                    c.increment(1);
+                }
+            }
+            trusted
+        });
+        let (tenant, recovery, key_class) = match sidecar {
             Some(name) => {
                 let id = headers.get(name).and_then(|v| v.to_str().ok());
                 let t = id.and_then(|id| self.by_id.get(id));
@@ -199,6 +235,8 @@ mod tests {
     use super::*;
     use http::HeaderValue;
 
+    const LOCAL: Option<IpAddr> = Some(IpAddr::V4(std::net::Ipv4Addr::LOCALHOST));
+
     fn dir(extra: &str) -> Directory {
         let text = format!(
             "{extra}\n[[upstreams]]\nname = \"u\"\nbase_url = \"http://h/v1\"\n\
@@ -228,61 +266,97 @@ mod tests {
     fn looks_up_by_digest() {
         let d = dir("");
         let a = d
-            .identify(&headers(&[("authorization", "Bearer ka")]))
+            .identify(&headers(&[("authorization", "Bearer ka")]), LOCAL)
             .unwrap();
         assert_eq!(a.tenant.id.as_str(), "a");
         assert!(!a.recovery);
         assert_eq!(a.class, Class::Interactive);
         let b = d
-            .identify(&headers(&[("authorization", "bearer kb ")]))
+            .identify(&headers(&[("authorization", "bearer kb ")]), LOCAL)
             .unwrap();
         assert_eq!(b.tenant.id.as_str(), "b");
         assert_eq!(b.class, Class::Batch);
         assert_eq!(b.tenant.upstream_key.as_ref().unwrap(), "Bearer prov");
         let r = d
-            .identify(&headers(&[("authorization", "Bearer ra")]))
+            .identify(&headers(&[("authorization", "Bearer ra")]), LOCAL)
             .unwrap();
         assert!(r.recovery);
         let n = d
-            .identify(&headers(&[("authorization", "Bearer nightly")]))
+            .identify(&headers(&[("authorization", "Bearer nightly")]), LOCAL)
             .unwrap();
         assert_eq!((n.tenant.id.as_str(), n.class), ("a", Class::Batch));
         let h = headers(&[
             ("authorization", "Bearer nightly"),
             (PRIORITY_HEADER, "interactive"),
         ]);
-        assert_eq!(d.identify(&h).unwrap().class, Class::Interactive);
+        assert_eq!(d.identify(&h, LOCAL).unwrap().class, Class::Interactive);
     }
 
     #[test]
     fn rejects_missing_and_unknown() {
         let d = dir("");
         assert!(matches!(
-            d.identify(&HeaderMap::new()),
+            d.identify(&HeaderMap::new(), LOCAL),
             Err(Error::MissingKey)
         ));
         let h = headers(&[("authorization", "Basic ka")]);
-        assert!(matches!(d.identify(&h), Err(Error::MissingKey)));
+        assert!(matches!(d.identify(&h, LOCAL), Err(Error::MissingKey)));
         let h = headers(&[("authorization", "Bearer nope")]);
-        assert!(matches!(d.identify(&h), Err(Error::UnknownKey)));
+        assert!(matches!(d.identify(&h, LOCAL), Err(Error::UnknownKey)));
     }
 
     #[test]
     fn priority_header_overrides() {
         let d = dir("");
         let h = headers(&[("authorization", "Bearer ka"), (PRIORITY_HEADER, "Batch")]);
-        assert_eq!(d.identify(&h).unwrap().class, Class::Batch);
+        assert_eq!(d.identify(&h, LOCAL).unwrap().class, Class::Batch);
         let h = headers(&[("authorization", "Bearer ka"), (PRIORITY_HEADER, "urgent")]);
-        assert!(matches!(d.identify(&h), Err(Error::BadPriority)));
+        assert!(matches!(d.identify(&h, LOCAL), Err(Error::BadPriority)));
     }
 
     #[test]
     fn sidecar_header_names_tenant() {
         let d = dir("[server]\ntenant_header = \"x-tenant-id\"");
         let h = headers(&[("x-tenant-id", "b")]);
-        assert_eq!(d.identify(&h).unwrap().tenant.id.as_str(), "b");
+        assert_eq!(d.identify(&h, LOCAL).unwrap().tenant.id.as_str(), "b");
         let h = headers(&[("x-tenant-id", "zz"), ("authorization", "Bearer ka")]);
-        assert!(matches!(d.identify(&h), Err(Error::UnknownTenant(_))));
+        assert!(matches!(
+            d.identify(&h, LOCAL),
+            Err(Error::UnknownTenant(_))
+        ));
+    }
+
+    #[test]
+    fn sidecar_header_is_trusted_only_from_trusted_sources() {
+        let count = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let counter = metrics::Counter::from_arc(count.clone());
+        let d = dir("[server]\ntenant_header = \"x-tenant-id\"\n\
+                     trusted_sources = [\"127.0.0.1/32\", \"10.1.0.0/16\"]")
+        .count_untrusted_on(counter.clone());
+        let ip = |s: &str| Some(s.parse::<IpAddr>().unwrap());
+        let h = headers(&[("x-tenant-id", "b")]);
+        assert_eq!(
+            d.identify(&h, ip("10.1.2.3")).unwrap().tenant.id.as_str(),
+            "b"
+        );
+        // From elsewhere (or an unknown peer) the header is ignored: a key is required.
+        for peer in [ip("10.2.0.1"), ip("::1"), None] {
+            assert!(matches!(d.identify(&h, peer), Err(Error::MissingKey)));
+        }
+        let h = headers(&[("x-tenant-id", "b"), ("authorization", "Bearer ka")]);
+        let who = d.identify(&h, ip("203.0.113.9")).unwrap();
+        assert_eq!(
+            who.tenant.id.as_str(),
+            "a",
+            "the key decides, not the header"
+        );
+        let keyed = headers(&[("authorization", "Bearer ka")]);
+        assert!(
+            d.identify(&keyed, ip("203.0.113.9")).is_ok(),
+            "no header: not counted"
+        );
+        // Counted: from 10.2.0.1, ::1, no peer, and the keyed one from 203.0.113.9.
+        assert_eq!(count.load(std::sync::atomic::Ordering::Relaxed), 4);
     }
 
     #[test]

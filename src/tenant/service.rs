@@ -49,7 +49,11 @@ where
             Ok(ctx) => ctx,
             Err(e) => return Either::Left(ready(Err(e))),
         };
-        match self.dir.identify(req.headers()) {
+        let peer = req
+            .extensions()
+            .get::<crate::context::PeerAddr>()
+            .map(|p| p.0);
+        match self.dir.identify(req.headers(), peer) {
             Ok(identity) => {
                 ctx.set_identity(identity);
                 Either::Right(self.inner.call(req))

@@ -1,5 +1,13 @@
 //! Header hygiene between client and provider: hop-by-hop headers never cross the proxy, and the
 //! tenant's credentials never go upstream.
+//!
+//! Headers cannot act as the operator: a client header that carries a credential or selects the
+//! operator's provider account ([`is_credential`]: any `*authorization*`, `*api-key*`/`*apikey*`/
+//! `*api_key*`, `cookie`, `*-organization`, `*-project`, `*-organization-id`, `*-project-id` —
+//! so `openai-organization`, `openai-project`, `api-key`, `x-api-key`, `x-goog-api-key`,
+//! `anthropic-api-key`, `proxy-authorization`…) is stripped unless the tenant's
+//! `forward_headers` names it; `authorization` itself is always fairgate's to set, and
+//! fairgate's own control headers (`x-fairgate-*`) are never forwarded.
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
@@ -39,10 +47,33 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
+/// Whether `name` carries a credential or selects a provider account (see the module docs).
+pub fn is_credential(name: &HeaderName) -> bool {
+    let n = name.as_str();
+    n.contains("authorization")
+        || n.contains("api-key")
+        || n.contains("apikey")
+        || n.contains("api_key")
+        || n == "cookie"
+        || [
+            "-organization",
+            "-project",
+            "-organization-id",
+            "-project-id",
+        ]
+        .iter()
+        .any(|s| n.ends_with(s))
+}
+
 /// Prepares client request headers for the provider: hop-by-hop, `host`, `content-length`
 /// (recomputed), `expect` (the body is already read), the client's `authorization`, the sidecar
-/// tenant header and fairgate's own control headers (every `x-fairgate-*`) are removed.
-pub fn for_upstream(headers: &mut HeaderMap, tenant_header: Option<&HeaderName>) {
+/// tenant header, fairgate's own control headers (every `x-fairgate-*`) and every credential or
+/// account header not named in `allowed` (the tenant's `forward_headers`) are removed.
+pub fn for_upstream(
+    headers: &mut HeaderMap,
+    tenant_header: Option<&HeaderName>,
+    allowed: &[HeaderName],
+) {
     strip_hop_by_hop(headers);
     headers.remove(header::HOST);
     headers.remove(header::CONTENT_LENGTH);
@@ -50,7 +81,9 @@ pub fn for_upstream(headers: &mut HeaderMap, tenant_header: Option<&HeaderName>)
     headers.remove(header::AUTHORIZATION);
     let ours: Vec<HeaderName> = headers
         .keys()
-        .filter(|k| k.as_str().starts_with("x-fairgate-"))
+        .filter(|k| {
+            k.as_str().starts_with("x-fairgate-") || (is_credential(k) && !allowed.contains(k))
+        })
         .cloned()
         .collect();
     for k in ours {
@@ -96,8 +129,60 @@ mod tests {
             h.append(HeaderName::from_static(k), HeaderValue::from_static(v));
         }
         let sidecar = HeaderName::from_static("x-tenant-id");
-        for_upstream(&mut h, Some(&sidecar));
+        for_upstream(&mut h, Some(&sidecar), &[]);
         let left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
         assert_eq!(left, vec!["content-type", "x-request-id"]);
+    }
+
+    #[test]
+    fn headers_cannot_act_as_the_operator_unless_the_tenant_allows_them() {
+        let operator = [
+            "openai-organization",
+            "openai-project",
+            "api-key",
+            "x-api-key",
+            "x-goog-api-key",
+            "anthropic-api-key",
+            "proxy-authorization",
+            "x-upstream-authorization",
+            "x-apikey",
+            "cookie",
+            "x-goog-user-project",
+        ];
+        let ours = [
+            "x-fairgate-priority",
+            "x-fairgate-deadline-ms",
+            "x-fairgate-anything",
+        ];
+        let fill = || {
+            let mut h = HeaderMap::new();
+            for k in operator
+                .iter()
+                .chain(&ours)
+                .chain(&["x-request-id", "openai-beta"])
+            {
+                h.insert(HeaderName::from_static(k), HeaderValue::from_static("v"));
+            }
+            h.insert(
+                "authorization",
+                HeaderValue::from_static("Bearer fg-tenant"),
+            );
+            h
+        };
+        let mut h = fill();
+        for_upstream(&mut h, None, &[]);
+        let mut left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        left.sort_unstable();
+        assert_eq!(left, vec!["openai-beta", "x-request-id"]);
+        // A tenant allowed `openai-project` forwards that one only; never `x-fairgate-*`.
+        let mut h = fill();
+        let allowed = [
+            HeaderName::from_static("openai-project"),
+            HeaderName::from_static("x-fairgate-priority"),
+        ];
+        for_upstream(&mut h, None, &allowed);
+        let mut left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        left.sort_unstable();
+        assert_eq!(left, vec!["openai-beta", "openai-project", "x-request-id"]);
     }
 }

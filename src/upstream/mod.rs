@@ -312,7 +312,11 @@ impl tower::Service<Request<Bytes>> for Service {
             .upstream_key
             .clone()
             .or_else(|| upstream.api_key.clone());
-        headers::for_upstream(&mut parts.headers, self.tenant_header.as_ref());
+        headers::for_upstream(
+            &mut parts.headers,
+            self.tenant_header.as_ref(),
+            &identity.tenant.forward_headers,
+        );
         // Correlation: the provider sees the client's request id, else fairgate's own.
         parts
             .headers
