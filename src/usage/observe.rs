@@ -327,3 +327,6 @@ fn reconcile(
             .record_error(&l.key.tenant, d.charged, actual, unread.is_none());
     }
 }
+
+#[cfg(test)]
+mod tests;
