@@ -281,3 +281,54 @@ async fn every_shape_and_answer_is_reconciled_to_the_provider_or_a_stated_fallba
     }
     println!("\n{table}");
 }
+
+#[tokio::test]
+async fn a_compressed_stream_reaches_the_client_event_by_event() {
+    let mock = mock_profile(Profile::Openai).await;
+    let proxy = proxy(&config(&mock.base_url(), "", "", "")).await;
+    let body = chat(
+        "acct-live",
+        r#""stream":true,"stream_options":{"include_usage":true},"max_tokens":20,"#,
+    );
+    let req = post(
+        proxy.addr,
+        "/v1/chat/completions",
+        Some(KEY_A),
+        &body,
+        &[
+            ("accept-encoding", "gzip"),
+            ("x-mock-token-delay-ms", "100"),
+        ],
+    );
+    let res = tokio::time::timeout(Duration::from_secs(20), client().request(req))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(res.headers()["content-encoding"], "gzip");
+    let mut body = res.into_body();
+    let mut d = flate2::write::GzDecoder::new(Vec::new());
+    // The first event decodes while the provider is still generating the rest.
+    loop {
+        let frame = tokio::time::timeout(Duration::from_secs(20), body.frame())
+            .await
+            .unwrap()
+            .expect("a frame before the end")
+            .unwrap();
+        if let Some(data) = frame.data_ref() {
+            std::io::Write::write_all(&mut d, data).unwrap();
+            std::io::Write::flush(&mut d).unwrap();
+        }
+        if String::from_utf8_lossy(d.get_ref()).contains("data: ") {
+            break;
+        }
+    }
+    assert_eq!(
+        mock.stats.completed(),
+        0,
+        "the stream is still being generated"
+    );
+    assert_eq!(mock.stats.in_flight(), 1);
+    while let Some(Ok(_)) = body.frame().await {}
+    let (_, reconciled) = counters(proxy.addr, "acct-live").await;
+    assert!(reconciled > 20, "usage read after the stream: {reconciled}");
+}
