@@ -44,13 +44,15 @@ pub enum Error {
         /// The cap.
         max: u64,
     },
-    /// `max_tokens` above the cap.
-    #[error("max_tokens is {requested}; the limit is {max}")]
+    /// The output cap (times the choices) above the limit.
+    #[error("the request may generate {requested} output tokens (its output cap times n/best_of and prompts); the limit is {max}")]
     OutputTooLarge {
-        /// The request's `max_tokens`.
+        /// The request's output cap times its choices.
         requested: u64,
         /// The cap.
         max: u64,
+        /// The field to blame: the governing cap alias, or `n`/`best_of`/`prompt`.
+        param: &'static str,
     },
     /// Malformed deadline header.
     #[error("x-fairgate-deadline-ms must be a positive integer (milliseconds)")]
@@ -93,6 +95,12 @@ impl ApiError for Error {
             Error::OutputTooLarge { .. } => "max_tokens_too_large",
             Error::BadDeadline => "invalid_deadline",
             Error::DeadlineInfeasible { .. } => "deadline_infeasible",
+        }
+    }
+    fn param(&self) -> Option<&str> {
+        match self {
+            Error::OutputTooLarge { param, .. } => Some(param),
+            _ => None,
         }
     }
     fn limit(&self) -> Option<&'static str> {

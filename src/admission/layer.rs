@@ -101,10 +101,23 @@ where
                 }
                 .into());
             }
-            if let Some(requested) = ctx.request()?.max_tokens {
+            if let Some(cap) = est.max_output_tokens {
+                // Every choice may produce the cap: `n`, `best_of` and array prompts multiply it.
+                let requested = cap.saturating_mul(est.choices.max(1));
                 if requested > limits.max_output_tokens {
+                    let parsed = ctx.request()?;
+                    let param = if cap > limits.max_output_tokens {
+                        parsed.max_tokens_param
+                    } else {
+                        parsed.choices_param.unwrap_or("prompt")
+                    };
                     let max = limits.max_output_tokens;
-                    return Err(AdmissionError::OutputTooLarge { requested, max }.into());
+                    return Err(AdmissionError::OutputTooLarge {
+                        requested,
+                        max,
+                        param,
+                    }
+                    .into());
                 }
             }
             // A tenant's own provider key that the provider paused: its own limit, said before

@@ -9,6 +9,7 @@
 //! re-serialize it in one case only: the estimate stage asks for `stream_options.include_usage`
 //! on behalf of a streaming client that did not.
 
+pub mod linger;
 pub mod timeout;
 
 use std::future::Future;
@@ -49,6 +50,16 @@ pub enum Error {
     /// The body made no progress for `[server] client_body_timeout_ms`.
     #[error("{0}")]
     Timeout(timeout::BodyTimeout),
+    /// An output cap, `n` or `best_of` that is not an integer in its range.
+    #[error("invalid `{param}`: must be an integer from {min} to {max}")]
+    Field {
+        /// The field.
+        param: &'static str,
+        /// Its smallest value.
+        min: u64,
+        /// Its largest value.
+        max: u64,
+    },
 }
 
 impl ApiError for Error {
@@ -71,6 +82,13 @@ impl ApiError for Error {
             Error::MissingModel => "missing_model",
             Error::Read => "invalid_body",
             Error::Timeout(_) => "request_timeout",
+            Error::Field { .. } => "invalid_value",
+        }
+    }
+    fn param(&self) -> Option<&str> {
+        match self {
+            Error::Field { param, .. } => Some(param),
+            _ => None,
         }
     }
     fn reason(&self) -> &'static str {
@@ -113,16 +131,57 @@ pub fn parse(bytes: &[u8]) -> Result<Parsed, Error> {
         .and_then(|o| o.get("include_usage"))
         .and_then(|u| u.as_bool())
         .unwrap_or(false);
-    let max_tokens = ["max_tokens", "max_completion_tokens", "max_output_tokens"]
-        .iter()
-        .find_map(|k| obj.get(*k).and_then(|v| v.as_u64()));
+    let mut max_tokens: Option<(u64, &'static str)> = None;
+    for key in OUTPUT_CAPS {
+        if let Some(v) = int_field(obj, key, 0, MAX_OUTPUT_CAP)? {
+            if max_tokens.is_none_or(|(m, _)| v > m) {
+                max_tokens = Some((v, key));
+            }
+        }
+    }
+    let mut choices = (1, None);
+    for key in ["n", "best_of"] {
+        if let Some(v) = int_field(obj, key, 1, MAX_CHOICES)? {
+            if v > choices.0 {
+                choices = (v, Some(key));
+            }
+        }
+    }
     Ok(Parsed {
         model,
         stream,
         include_usage,
-        max_tokens,
+        max_tokens: max_tokens.map(|(v, _)| v),
+        max_tokens_param: max_tokens.map_or("max_tokens", |(_, k)| k),
+        choices: choices.0,
+        choices_param: choices.1,
         value: std::sync::Arc::new(value),
     })
+}
+
+/// The output-cap aliases; the largest one given governs.
+pub const OUTPUT_CAPS: [&str; 3] = ["max_tokens", "max_completion_tokens", "max_output_tokens"];
+/// The largest output cap accepted (a larger one is a 400 naming the field).
+pub const MAX_OUTPUT_CAP: u64 = u32::MAX as u64;
+/// The largest `n` or `best_of` accepted.
+pub const MAX_CHOICES: u64 = 128;
+
+/// An optional integer field in `min..=max`: absent or `null` is `None`; anything else (a
+/// float, a string, a negative or out-of-range number) is [`Error::Field`].
+fn int_field(
+    obj: &serde_json::Map<String, serde_json::Value>,
+    param: &'static str,
+    min: u64,
+    max: u64,
+) -> Result<Option<u64>, Error> {
+    match obj.get(param) {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(v) => v
+            .as_u64()
+            .filter(|v| (min..=max).contains(v))
+            .map(Some)
+            .ok_or(Error::Field { param, min, max }),
+    }
 }
 
 /// Reads a body up to `max` bytes.
@@ -223,9 +282,53 @@ mod tests {
         assert_eq!(p.model, "m");
         assert!(p.stream && p.include_usage);
         assert_eq!(p.max_tokens, Some(7));
+        assert_eq!(
+            (p.max_tokens_param, p.choices, p.choices_param),
+            ("max_completion_tokens", 1, None)
+        );
         assert!(matches!(parse(b"{\"model\":1}"), Err(Error::MissingModel)));
         assert!(matches!(parse(b"[1]"), Err(Error::NotAnObject)));
         assert!(matches!(parse(b"{nope"), Err(Error::InvalidJson(_))));
+    }
+
+    #[test]
+    fn the_largest_cap_governs_and_choices_multiply() {
+        let p = parse(br#"{"model":"m","max_tokens":1,"max_completion_tokens":100000,"max_output_tokens":null,"n":3,"best_of":5}"#).unwrap();
+        assert_eq!(
+            (p.max_tokens, p.max_tokens_param),
+            (Some(100000), "max_completion_tokens")
+        );
+        assert_eq!((p.choices, p.choices_param), (5, Some("best_of")));
+        let p = parse(br#"{"model":"m","n":null}"#).unwrap();
+        assert_eq!((p.max_tokens, p.choices), (None, 1));
+    }
+
+    #[test]
+    fn a_cap_or_choice_count_that_is_not_an_integer_in_range_names_its_field() {
+        for (body, field) in [
+            (r#"{"model":"m","max_tokens":100000.0}"#, "max_tokens"),
+            (r#"{"model":"m","max_tokens":"100000"}"#, "max_tokens"),
+            (r#"{"model":"m","max_tokens":-5}"#, "max_tokens"),
+            (
+                r#"{"model":"m","max_completion_tokens":true}"#,
+                "max_completion_tokens",
+            ),
+            (
+                r#"{"model":"m","max_output_tokens":1e30}"#,
+                "max_output_tokens",
+            ),
+            (r#"{"model":"m","max_tokens":4294967296}"#, "max_tokens"),
+            (r#"{"model":"m","n":0}"#, "n"),
+            (r#"{"model":"m","n":129}"#, "n"),
+            (r#"{"model":"m","best_of":2.5}"#, "best_of"),
+        ] {
+            let e = parse(body.as_bytes()).unwrap_err();
+            assert_eq!(e.param(), Some(field), "{body}");
+            assert_eq!(
+                (e.status(), e.kind()),
+                (StatusCode::BAD_REQUEST, "invalid_request_error")
+            );
+        }
     }
 
     #[tokio::test]

@@ -175,6 +175,11 @@ pub struct ServerConfig {
     pub workers: Option<usize>,
     /// A request body that delivers no data for this long is answered 408, ms.
     pub client_body_timeout_ms: u64,
+    /// A request body abandoned early (413, 401, …) is read and discarded up to this many
+    /// bytes before the connection is closed (0: close at once).
+    pub linger_max_bytes: u64,
+    /// … and for at most this long, ms.
+    pub linger_timeout_ms: u64,
     /// An idle connection (no request in flight) is closed after this long, ms.
     pub keepalive_timeout_ms: u64,
     /// Client connections open at once on the main listener (absent: derived from the
@@ -199,6 +204,8 @@ impl Default for ServerConfig {
             tls: None,
             workers: None,
             client_body_timeout_ms: 60_000,
+            linger_max_bytes: 64 * 1024 * 1024,
+            linger_timeout_ms: 10_000,
             keepalive_timeout_ms: 75_000,
             max_connections: None,
             max_connections_per_ip: None,

@@ -74,4 +74,8 @@ pub struct Usage {
     pub cost: Tokens,
     /// Whether the provider reported usage (else a fallback count).
     pub reported: bool,
+    /// Why the provider's usage could not be read (the `reason` of
+    /// `fairgate_usage_unread_total`, counted by `metrics` when the body is done): `encoding`,
+    /// `decode`, `truncated`, `malformed`, `too_large` or `missing`. `None` when it was read.
+    pub unread: Option<&'static str>,
 }

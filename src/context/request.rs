@@ -14,8 +14,15 @@ pub struct Parsed {
     pub stream: bool,
     /// `stream_options.include_usage: true`.
     pub include_usage: bool,
-    /// `max_tokens`, `max_completion_tokens` or `max_output_tokens`.
+    /// The output cap: the largest of `max_tokens`, `max_completion_tokens` and
+    /// `max_output_tokens` (each a non-negative integer, checked by `body`).
     pub max_tokens: Option<u64>,
+    /// The field that gave [`Parsed::max_tokens`] (for errors).
+    pub max_tokens_param: &'static str,
+    /// Choices generated per prompt: the larger of `n` and `best_of` (1 when neither).
+    pub choices: u64,
+    /// The field that gave [`Parsed::choices`], if not the default.
+    pub choices_param: Option<&'static str>,
     /// The whole document (kept once, shared).
     pub value: Arc<serde_json::Value>,
 }
@@ -72,8 +79,11 @@ pub struct Estimate {
     pub endpoint: Endpoint,
     /// Counted input tokens.
     pub input: Input,
-    /// The request's output cap, if any (0 for embeddings).
+    /// The request's output cap per choice, if any (0 for embeddings).
     pub max_output_tokens: Option<u64>,
+    /// Completions generated: `n`/`best_of`, times the prompts of a completions request with
+    /// an array `prompt` (≥ 1). Multiplies the output estimate, the cap check and the charge.
+    pub choices: u64,
     /// Whose output history applies.
     pub key: OutputKey,
     /// The model's cost weight.
@@ -85,6 +95,6 @@ pub struct Estimate {
     /// Usage was asked for on the client's behalf: remove the usage-only chunk.
     pub strip_usage: bool,
     /// What the tenant's token buckets are charged at admission, in raw tokens: the counted
-    /// input, and the output cap or `[estimate] default_output_tokens`.
+    /// input, and the output cap or `[estimate] default_output_tokens`, times the choices.
     pub charge: Charge,
 }

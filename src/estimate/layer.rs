@@ -5,7 +5,9 @@
 //!
 //! Invariants: runs after routing (an unroutable model costs no counting) and before admission;
 //! a request without the context's identity or parsed body is a misordered stack (500); the
-//! body is rewritten at most once, and only to set `stream_options.include_usage = true`.
+//! body is rewritten at most once, and only to set `stream_options.include_usage = true` (that
+//! request then asks the provider for `Accept-Encoding: identity`, so the usage chunk can be
+//! removed from the stream).
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -113,17 +115,33 @@ where
                 if let Some(body) = with_include_usage(&parsed.value) {
                     *req.body_mut() = body;
                 }
+                // The usage chunk is removed from the stream, which needs plain bytes: a coded
+                // stream would reach the client with that chunk in it.
+                req.headers_mut().insert(
+                    http::header::ACCEPT_ENCODING,
+                    http::HeaderValue::from_static("identity"),
+                );
             }
             let max_output_tokens = if endpoint == Endpoint::Embeddings {
                 Some(0)
             } else {
                 parsed.max_tokens
             };
-            let output = max_output_tokens.unwrap_or(est.config().default_output_tokens);
+            let choices = match endpoint {
+                Endpoint::Embeddings | Endpoint::Responses => 1,
+                Endpoint::Chat => parsed.choices,
+                Endpoint::Completions => parsed
+                    .choices
+                    .saturating_mul(super::request::prompts(&parsed.value)),
+            };
+            let output = max_output_tokens
+                .unwrap_or(est.config().default_output_tokens)
+                .saturating_mul(choices);
             ctx.set_estimate(Estimate {
                 endpoint,
                 input,
                 max_output_tokens,
+                choices,
                 key: OutputKey::new(tenant, &parsed.model),
                 model_weight: est.model_weight(&parsed.model),
                 encoding: est.encoding(&parsed.model),

@@ -2,8 +2,9 @@
 //! prepares what the fair queue needs to charge its cost at dispatch; learns output lengths from
 //! reconciled requests and keeps estimate-error statistics.
 //!
-//! cost = (input × `input_weight` + output estimate × `output_weight` + `tool_call_tokens` ×
-//! allowed tool calls) × the model's `weight`. The output estimate is evaluated when the request
+//! cost = (input × `input_weight` + output estimate × choices × `output_weight` +
+//! `tool_call_tokens` × allowed tool calls) × the model's `weight`, where choices is `n` or
+//! `best_of` (the larger), times the prompts of a completions request with an array `prompt`. The output estimate is evaluated when the request
 //! is dispatched ([`Estimator::cost`], called by the fair queue), so a queued request is charged
 //! what has been learned by then: the p90 of the (tenant, model)'s recent outputs, or
 //! `default_output_tokens` before any history, capped by the request's `max_tokens`.
@@ -92,6 +93,8 @@ pub struct CostInputs {
     pub tool_calls: u64,
     /// The model's cost weight.
     pub model_weight: Weight,
+    /// Completions generated (multiplies the output estimate; 0 is taken as 1).
+    pub choices: u64,
 }
 
 impl Estimate {
@@ -103,6 +106,7 @@ impl Estimate {
             output_key: Some(self.key.clone()),
             tool_calls: self.input.tool_calls,
             model_weight: self.model_weight,
+            choices: self.choices,
         }
     }
 }
@@ -197,12 +201,15 @@ impl Estimator {
         max.map_or(est, |m| est.min(m))
     }
 
-    /// The cost charged at dispatch.
+    /// The cost charged at dispatch: the output estimate (per choice) times the choices.
+    /// Saturates: client-supplied counts never wrap.
     pub fn cost(&self, c: &CostInputs) -> Tokens {
-        let output = self.output_estimate(c.output_key.as_ref(), c.max_output_tokens);
+        let output = self
+            .output_estimate(c.output_key.as_ref(), c.max_output_tokens)
+            .saturating_mul(c.choices.max(1));
         let base = c.input_tokens as f64 * self.cfg.input_weight
             + output as f64 * self.cfg.output_weight
-            + (self.cfg.tool_call_tokens * c.tool_calls) as f64;
+            + self.cfg.tool_call_tokens.saturating_mul(c.tool_calls) as f64;
         Tokens((base * c.model_weight.get()).round() as u64)
     }
 

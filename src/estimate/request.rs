@@ -48,7 +48,9 @@ impl<'a> Counter<'a> {
     }
 
     fn text(&mut self, s: &str) {
-        self.tokens += count(self.enc, s, &mut self.budget, self.cache).tokens;
+        self.tokens = self
+            .tokens
+            .saturating_add(count(self.enc, s, &mut self.budget, self.cache).tokens);
     }
 
     /// Counts `body` as a request to `endpoint`.
@@ -198,7 +200,9 @@ impl<'a> Counter<'a> {
                     match item {
                         Value::String(s) => self.text(s),
                         Value::Number(_) => self.tokens += 1,
-                        Value::Array(ids) => self.tokens += ids.len() as u64,
+                        Value::Array(ids) => {
+                            self.tokens = self.tokens.saturating_add(ids.len() as u64)
+                        }
                         _ => return Err(Error::Malformed(field)),
                     }
                 }
@@ -206,6 +210,17 @@ impl<'a> Counter<'a> {
             Some(_) => return Err(Error::Malformed(field)),
         }
         Ok(())
+    }
+}
+
+/// The prompts of a completions request (each gets its own `n` completions): the elements of
+/// an array of strings or of token arrays; 1 for a string or a single token array.
+pub fn prompts(body: &Value) -> u64 {
+    match body.get("prompt") {
+        Some(Value::Array(items)) if items.iter().any(|i| !i.is_number()) => {
+            (items.len() as u64).max(1)
+        }
+        _ => 1,
     }
 }
 

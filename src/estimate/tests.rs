@@ -199,3 +199,29 @@ fn hostile_bodies_are_extrapolated_not_counted_in_full() {
             .extrapolated
     );
 }
+
+#[test]
+fn choices_multiply_the_output_and_client_numbers_saturate() {
+    let e = Estimator::with_defaults();
+    let mut c = CostInputs {
+        input_tokens: 100,
+        max_output_tokens: Some(100),
+        choices: 8,
+        ..CostInputs::default()
+    };
+    // 100 + 8 × 100 × 1.5.
+    assert_eq!(e.cost(&c), Tokens(1300));
+    c.choices = 0; // taken as 1
+    assert_eq!(e.cost(&c), Tokens(250));
+    c.tool_calls = u64::MAX;
+    c.choices = u64::MAX;
+    c.max_output_tokens = Some(u64::MAX);
+    assert_eq!(e.cost(&c), Tokens(u64::MAX));
+    // Array prompts: each element is a prompt of its own.
+    use super::request::prompts;
+    assert_eq!(prompts(&json!({"prompt": ["a", "b", "c"]})), 3);
+    assert_eq!(prompts(&json!({"prompt": [[1, 2], [3]]})), 2);
+    assert_eq!(prompts(&json!({"prompt": [1, 2, 3]})), 1);
+    assert_eq!(prompts(&json!({"prompt": "a"})), 1);
+    assert_eq!(prompts(&json!({"prompt": []})), 1);
+}

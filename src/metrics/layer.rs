@@ -208,7 +208,11 @@ impl Drop for Done {
         let dispatch = ctx.dispatch();
         let model = ctx.request_if_parsed().map(|p| p.model.as_str());
         let estimated = r.estimated();
-        let actual = ctx.usage().map(|u| u.tokens.total().0);
+        let usage = ctx.usage();
+        let actual = usage.map(|u| u.tokens.total().0);
+        if let Some(reason) = usage.and_then(|u| u.unread) {
+            t.usage_unread(reason);
+        }
         if let (Some(model), Some(estimated), Some(_)) = (model, estimated, dispatch) {
             t.tokens(model, estimated, actual);
         }

@@ -58,6 +58,7 @@ pub struct TenantMetrics {
     /// The first model seen and its (estimated, actual) counters, also in `models`.
     first_model: OnceLock<(String, Counter, Counter)>,
     rejected: Mutex<crate::domain::FastMap<&'static str, Counter>>,
+    unread: Mutex<crate::domain::FastMap<&'static str, Counter>>,
     models: Mutex<crate::domain::FastMap<String, (Counter, Counter)>>,
 }
 
@@ -105,6 +106,7 @@ impl TenantMetrics {
             ok: OnceLock::new(),
             first_model: OnceLock::new(),
             rejected: Mutex::default(),
+            unread: Mutex::default(),
             models: Mutex::default(),
         }
     }
@@ -141,6 +143,15 @@ impl TenantMetrics {
     /// Counts estimated tokens by what became of them.
     pub fn cost(&self, outcome: Outcome, tokens: u64) {
         self.costs[outcome as usize].increment(tokens);
+    }
+
+    /// Counts one 2xx body whose usage could not be read, by reason
+    /// (`fairgate_usage_unread_total`).
+    pub fn usage_unread(&self, reason: &'static str) {
+        let mut map = self.unread.lock().unwrap_or_else(|p| p.into_inner());
+        map.entry(reason)
+            .or_insert_with(|| self.counter("fairgate_usage_unread_total", "reason", reason.into()))
+            .increment(1);
     }
 
     /// Counts one refusal by reason.

@@ -12,7 +12,8 @@
 //! thread keeps a replaced generation alive until its next request.
 //!
 //! Each request body is wrapped in a [`TimedBody`] with the `client_body_timeout_ms` of the
-//! generation in force when the request arrived (see `body::timeout`).
+//! generation in force when the request arrived (see `body::timeout`), inside a [`Linger`]
+//! that drains it if it is abandoned early (see `body::linger`).
 //!
 //! Invariants: a request never mixes two generations (routing indices, pools and metrics stay
 //! consistent); requests already in flight keep their generation alive until they finish; no
@@ -36,13 +37,15 @@ use tower::{Service as _, ServiceExt};
 use super::diff::Changes;
 use super::reload::ReloadError;
 use super::{ops, stack, State};
+use crate::body::linger::{self, Linger};
 use crate::body::timeout::TimedBody;
 use crate::config::Config;
 use crate::response::ResponseBody;
 
 /// The request body the stacks read: hyper's, cut after `[server] client_body_timeout_ms`
-/// without progress (the timeout of the generation in force when the request arrived).
-pub type Timed = TimedBody<Incoming>;
+/// without progress (the timeout of the generation in force when the request arrived), and
+/// drained in the background when abandoned early.
+pub type Timed = Linger<TimedBody<Incoming>>;
 
 type HttpStack = BoxCloneSyncService<Request<Timed>, Response<ResponseBody>, Infallible>;
 
@@ -179,8 +182,16 @@ impl hyper::service::Service<Request<Incoming>> for LiveService {
 
     fn call(&self, req: Request<Incoming>) -> Self::Future {
         let generation = self.live.current.load();
-        let timeout = Duration::from_millis(generation.state.config.server.client_body_timeout_ms);
-        let mut req = Some(req.map(|body| TimedBody::new(body, timeout)));
+        let server = &generation.state.config.server;
+        let timeout = Duration::from_millis(server.client_body_timeout_ms);
+        let bounds = linger::Bounds {
+            max_bytes: server.linger_max_bytes,
+            max_time: Duration::from_millis(server.linger_timeout_ms),
+        };
+        let (head, body) = req.into_parts();
+        let head = Request::from_parts(head, ());
+        let body = Linger::new(TimedBody::new(body, timeout), bounds, &head);
+        let mut req = Some(head.map(|()| body));
         let in_place = CACHED.with(|cell| {
             let mut cell = cell.try_borrow_mut().ok()?;
             if !cell

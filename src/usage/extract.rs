@@ -104,6 +104,8 @@ pub struct Tally {
     pub text: String,
     /// Generated text bytes past `max_text` (counted, not kept).
     pub extra_bytes: u64,
+    /// JSON documents that did not parse.
+    pub malformed: u64,
     max_text: usize,
 }
 
@@ -114,6 +116,7 @@ impl Tally {
             usage: None,
             text: String::new(),
             extra_bytes: 0,
+            malformed: 0,
             max_text,
         }
     }
@@ -128,7 +131,7 @@ impl Tally {
                 cut -= 1;
             }
             self.text.push_str(&s[..cut]);
-            self.extra_bytes += (s.len() - cut) as u64;
+            self.extra_bytes = self.extra_bytes.saturating_add((s.len() - cut) as u64);
         }
     }
 
@@ -150,6 +153,7 @@ impl Tally {
     /// Observes one JSON document.
     pub fn observe(&mut self, json: &[u8]) -> Seen {
         let Ok(doc) = serde_json::from_slice::<Doc<'_>>(json) else {
+            self.malformed += 1;
             return Seen::default();
         };
         let usage = doc.usage.or(doc.response.and_then(|r| r.usage));

@@ -16,14 +16,19 @@
 //! - Reconciliation happens exactly once — at end of stream, on an error frame, or on drop
 //!   (client gone, upstream abort) — and always before the guards of the body below (the
 //!   permit) are released.
-//! - Actual cost = usage (input, output) with the estimator's weights; without usage, the counted
-//!   input and the generated text counted with the model's encoding (bounded like input counting;
-//!   more than [`INLINE_MAX_BYTES`] of text is counted on the blocking pool, which keeps the
-//!   body's guards — the permit — until it is done). A JSON body without usage or text (over the
-//!   cap, cut short) falls back to its bytes / 4.
+//! - Any `Content-Encoding` (gzip, deflate, br, zstd): the provider's bytes go to the client
+//!   unchanged and a decoded copy is observed as frames pass (`decode`); the estimate stage asks
+//!   the provider for `identity` only when a stream must be edited (strip mode).
+//! - Actual cost = usage (input, output) with the estimator's weights; without usage, the stated
+//!   fallback of `observe` (counted text, or bytes / 4, or the admission charge — never 0
+//!   output), and the reason in the context's `usage.unread`. More than
+//!   [`INLINE_MAX_BYTES`](crate::estimate::INLINE_MAX_BYTES) of text is counted on the blocking
+//!   pool, which keeps the body's guards — the permit — until it is done.
 //! - Responses that are not 2xx are not observed.
 
+pub mod decode;
 pub mod extract;
+mod observe;
 pub mod sse;
 
 use std::pin::Pin;
@@ -33,36 +38,14 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http_body::{Body as HttpBody, Frame, SizeHint};
 
-use crate::context::{Ctx, Usage};
-use crate::domain::{Charge, Weight};
-use crate::estimate::{Encoding, Endpoint, Estimate, Estimator, OutputKey, INLINE_MAX_BYTES};
+use crate::context::Ctx;
+use crate::estimate::{Estimate, Estimator};
 use crate::response::{BoxError, Guard, ResponseBody};
-use extract::Tally;
-use sse::Scanner;
+use decode::Coding;
+use observe::{Observer, Work};
 
-/// JSON response bodies larger than this are not parsed for usage.
+/// JSON response bodies larger than this (decoded) are not parsed for usage.
 pub const MAX_JSON_BYTES: usize = 4 << 20;
-
-/// What a completed request is reconciled with.
-#[derive(Debug)]
-struct Ledger {
-    estimator: Arc<Estimator>,
-    key: OutputKey,
-    endpoint: Endpoint,
-    encoding: Encoding,
-    input: u64,
-    model_weight: Weight,
-    ctx: Ctx,
-}
-
-enum Mode {
-    Json {
-        buf: Vec<u8>,
-        total: u64,
-        over: bool,
-    },
-    Sse(Scanner),
-}
 
 pin_project_lite::pin_project! {
     /// Wraps a response body; see the module docs.
@@ -78,22 +61,11 @@ pin_project_lite::pin_project! {
             // end. Runs before the fields drop: the usage is written before the inner body's
             // guards (the permit) go.
             let mut this = this.project();
-            let (_, work) = this.obs.end();
+            let (_, work) = this.obs.end(false);
             finish(work, this.inner.as_mut());
         }
     }
 }
-
-/// The observing state.
-struct Observer {
-    mode: Mode,
-    tally: Tally,
-    strip: bool,
-    ledger: Option<Ledger>,
-}
-
-/// Reconciliation too large to run inline.
-type Work = Box<dyn FnOnce() + Send>;
 
 /// Runs `work` on the blocking pool, holding `inner`'s guards until it is done.
 fn finish(work: Option<Work>, inner: Pin<&mut ResponseBody>) {
@@ -112,153 +84,21 @@ fn finish(work: Option<Work>, inner: Pin<&mut ResponseBody>) {
 }
 
 impl Body {
-    /// Observes `inner`, the 2xx response to the request of `ctx` with `estimate`.
+    /// Observes `inner`, the 2xx response to the request of `ctx` with `estimate`: SSE when
+    /// `sse`, else JSON; coded with `coding` (`None`: a coding fairgate cannot decode).
     pub fn new(
         inner: ResponseBody,
         estimate: &Estimate,
         estimator: Arc<Estimator>,
         ctx: Ctx,
         sse: bool,
+        coding: Option<Coding>,
     ) -> Self {
-        let strip = sse && estimate.strip_usage;
-        let max_text = estimator.config().max_exact_bytes;
-        let obs = Observer {
-            mode: if sse {
-                Mode::Sse(Scanner::new(strip))
-            } else {
-                Mode::Json {
-                    buf: Vec::new(),
-                    total: 0,
-                    over: false,
-                }
-            },
-            tally: Tally::new(max_text),
-            strip,
-            ledger: Some(Ledger {
-                estimator,
-                key: estimate.key.clone(),
-                endpoint: estimate.endpoint,
-                encoding: estimate.encoding,
-                input: estimate.input.tokens,
-                model_weight: estimate.model_weight,
-                ctx,
-            }),
-        };
         Self {
             inner,
-            obs,
+            obs: Observer::new(estimate, estimator, ctx, sse, coding),
             ended: false,
         }
-    }
-}
-
-impl Observer {
-    fn see(&mut self, data: Bytes) -> Bytes {
-        match &mut self.mode {
-            Mode::Json { buf, total, over } => {
-                *total += data.len() as u64;
-                if !*over && buf.len() + data.len() <= MAX_JSON_BYTES {
-                    buf.extend_from_slice(&data);
-                } else {
-                    *over = true;
-                    *buf = Vec::new();
-                }
-                data
-            }
-            Mode::Sse(scanner) => {
-                let (tally, strip) = (&mut self.tally, self.strip);
-                scanner.feed(data, &mut |p| keep(tally, strip, p))
-            }
-        }
-    }
-
-    /// Ends observation: returns bytes still held back (strip mode), and reconciles (inline, or
-    /// the returned work for the blocking pool). Idempotent.
-    fn end(&mut self) -> (Bytes, Option<Work>) {
-        let held = match &mut self.mode {
-            Mode::Json { buf, over, .. } => {
-                let buf = std::mem::take(buf);
-                if !*over && !buf.is_empty() {
-                    self.tally.observe_body(&buf);
-                }
-                Bytes::new()
-            }
-            Mode::Sse(scanner) => {
-                let (tally, strip) = (&mut self.tally, self.strip);
-                scanner.finish(&mut |p| keep(tally, strip, p))
-            }
-        };
-        (held, self.reconcile())
-    }
-
-    fn reconcile(&mut self) -> Option<Work> {
-        let l = self.ledger.take()?;
-        let usage = self.tally.usage;
-        let json_bytes = match &self.mode {
-            Mode::Json {
-                total, over: true, ..
-            } => Some(*total),
-            _ => None,
-        };
-        let text = std::mem::take(&mut self.tally.text);
-        let extra = self.tally.extra_bytes;
-        let big = usage.is_none() && text.len() > INLINE_MAX_BYTES;
-        let work = move || reconcile(l, usage, text, extra, json_bytes);
-        if big {
-            Some(Box::new(work))
-        } else {
-            work();
-            None
-        }
-    }
-}
-
-/// The SSE payload filter: observe, and drop the usage-only chunk in strip mode.
-fn keep(tally: &mut Tally, strip: bool, payload: &[u8]) -> bool {
-    if payload.first() != Some(&b'{') {
-        return true;
-    }
-    let seen = tally.observe(payload);
-    !(strip && seen.usage_only)
-}
-
-fn reconcile(
-    l: Ledger,
-    usage: Option<extract::Usage>,
-    text: String,
-    extra_bytes: u64,
-    json_bytes: Option<u64>,
-) {
-    let had_usage =
-        usage.is_some_and(|u| u.completion_tokens.is_some() || l.endpoint == Endpoint::Embeddings);
-    let input = usage.and_then(|u| u.prompt_tokens).unwrap_or(l.input);
-    let output = if l.endpoint == Endpoint::Embeddings {
-        0
-    } else if let Some(out) = usage.and_then(|u| u.completion_tokens) {
-        out
-    } else if let Some(bytes) = json_bytes {
-        bytes.div_ceil(4)
-    } else {
-        let counted = l.estimator.count_text(l.encoding, &text);
-        let ratio = if counted.tokens > 0 {
-            text.len() as f64 / counted.tokens as f64
-        } else {
-            4.0
-        };
-        counted.tokens + (extra_bytes as f64 / ratio.max(1.0)).ceil() as u64
-    };
-    let actual = l.estimator.actual_cost(input, output, l.model_weight);
-    l.ctx.set_usage(Usage {
-        tokens: Charge { input, output },
-        cost: actual,
-        reported: had_usage,
-    });
-    if l.endpoint != Endpoint::Embeddings {
-        l.estimator.record_output(&l.key, output);
-    }
-    if let Some(d) = l.ctx.dispatch() {
-        l.estimator
-            .record_error(&l.key.tenant, d.charged, actual, had_usage);
     }
 }
 
@@ -288,13 +128,13 @@ impl HttpBody for Body {
                     Err(frame) => Poll::Ready(Some(Ok(frame))),
                 },
                 Poll::Ready(Some(Err(e))) => {
-                    let (_, work) = this.obs.end();
+                    let (_, work) = this.obs.end(false);
                     finish(work, this.inner.as_mut());
                     *this.ended = true;
                     Poll::Ready(Some(Err(e)))
                 }
                 Poll::Ready(None) => {
-                    let (held, work) = this.obs.end();
+                    let (held, work) = this.obs.end(true);
                     finish(work, this.inner.as_mut());
                     *this.ended = true;
                     if held.is_empty() {
@@ -312,7 +152,7 @@ impl HttpBody for Body {
     }
 
     fn size_hint(&self) -> SizeHint {
-        if self.obs.strip {
+        if self.obs.strips() {
             SizeHint::default()
         } else {
             self.inner.size_hint()
@@ -392,10 +232,11 @@ fn observe(
         .get(http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("text/event-stream"));
-    if sse && estimate.strip_usage {
+    let coding = Coding::of(&head.headers).ok();
+    if sse && estimate.strip_usage && coding == Some(Coding::Identity) {
         // Removing a chunk changes the length.
         head.headers.remove(http::header::CONTENT_LENGTH);
     }
-    let body = Body::new(body, estimate, estimator, ctx, sse);
+    let body = Body::new(body, estimate, estimator, ctx, sse, coding);
     http::Response::from_parts(head, ResponseBody::boxed(body))
 }

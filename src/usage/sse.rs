@@ -87,7 +87,9 @@ impl Scanner {
         out.freeze()
     }
 
-    fn observe(&mut self, chunk: &[u8], keep: &mut dyn FnMut(&[u8]) -> bool) {
+    /// Observe mode over a borrowed chunk (forwarding is the caller's): `keep` sees every
+    /// complete `data:` payload, its answer is ignored.
+    pub fn observe(&mut self, chunk: &[u8], keep: &mut dyn FnMut(&[u8]) -> bool) {
         let mut rest = chunk;
         while let Some(nl) = rest.iter().position(|&b| b == b'\n') {
             let (line, tail) = (&rest[..nl], &rest[nl + 1..]);

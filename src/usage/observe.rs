@@ -1,0 +1,332 @@
+//! The observing state of a response body: plain or decoded bytes in, usage and text out, and
+//! the reconciliation written to the context when the body is done.
+//!
+//! Invariants:
+//! - Plain bodies are scanned as they pass (strip mode may hold back a partial line); coded
+//!   bodies are forwarded untouched and a decoded copy is fed to the same scanner (`decode`).
+//! - When the provider's usage cannot be read, the request is charged by the stated fallback —
+//!   the generated text counted with the model's encoding, or (no text: a JSON body over the
+//!   cap) its decoded bytes / 4, or (neither) the output the request was charged at admission
+//!   (its output cap or `default_output_tokens`, times its choices) — never 0 output, and the
+//!   reason is written to the context's `usage.unread`.
+
+use std::io;
+
+use bytes::Bytes;
+
+use super::decode::{Coding, Decoder};
+use super::extract::{self, Tally};
+use super::sse::Scanner;
+use super::MAX_JSON_BYTES;
+use crate::context::{Ctx, Usage};
+use crate::domain::{Charge, Weight};
+use crate::estimate::{Encoding, Endpoint, Estimate, Estimator, OutputKey, INLINE_MAX_BYTES};
+
+/// Reconciliation too large to run inline.
+pub(super) type Work = Box<dyn FnOnce() + Send>;
+
+/// What a completed request is reconciled with.
+#[derive(Debug)]
+struct Ledger {
+    estimator: std::sync::Arc<Estimator>,
+    key: OutputKey,
+    endpoint: Endpoint,
+    encoding: Encoding,
+    input: u64,
+    /// Output charged at admission: the fallback when usage and text are both missing.
+    charged_output: u64,
+    choices: u64,
+    model_weight: Weight,
+    ctx: Ctx,
+}
+
+enum Mode {
+    Json {
+        buf: Vec<u8>,
+        total: u64,
+        over: bool,
+    },
+    Sse(Scanner),
+}
+
+/// Observes plain (or decoded) bytes.
+struct Plain {
+    mode: Mode,
+    tally: Tally,
+    strip: bool,
+}
+
+impl Plain {
+    /// Observes a plain chunk; returns what to forward (strip mode may change it).
+    fn see(&mut self, data: Bytes) -> Bytes {
+        match &mut self.mode {
+            Mode::Sse(scanner) if self.strip => {
+                let tally = &mut self.tally;
+                scanner.feed(data, &mut |p| keep(tally, true, p))
+            }
+            _ => {
+                self.look(&data);
+                data
+            }
+        }
+    }
+
+    /// Observes a chunk without forwarding it.
+    fn look(&mut self, data: &[u8]) {
+        match &mut self.mode {
+            Mode::Json { buf, total, over } => {
+                *total = total.saturating_add(data.len() as u64);
+                if !*over && buf.len() + data.len() <= MAX_JSON_BYTES {
+                    buf.extend_from_slice(data);
+                } else {
+                    *over = true;
+                    *buf = Vec::new();
+                }
+            }
+            Mode::Sse(scanner) => {
+                let tally = &mut self.tally;
+                scanner.observe(data, &mut |p| keep(tally, false, p));
+            }
+        }
+    }
+
+    /// At the end: observes what is left; returns bytes still held back (strip mode).
+    fn end(&mut self) -> Bytes {
+        match &mut self.mode {
+            Mode::Json { buf, over, .. } => {
+                let buf = std::mem::take(buf);
+                if !*over && !buf.is_empty() {
+                    self.tally.observe_body(&buf);
+                } else if !*over {
+                    self.tally.malformed += 1;
+                }
+                Bytes::new()
+            }
+            Mode::Sse(scanner) => {
+                let (tally, strip) = (&mut self.tally, self.strip);
+                scanner.finish(&mut |p| keep(tally, strip, p))
+            }
+        }
+    }
+}
+
+impl io::Write for Plain {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.look(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The SSE payload filter: observe, and drop the usage-only chunk in strip mode.
+fn keep(tally: &mut Tally, strip: bool, payload: &[u8]) -> bool {
+    if payload.first() != Some(&b'{') {
+        return true;
+    }
+    let seen = tally.observe(payload);
+    !(strip && seen.usage_only)
+}
+
+enum Feed {
+    Plain(Plain),
+    Coded(Box<Decoder<Plain>>),
+}
+
+impl Feed {
+    fn plain(&mut self) -> &mut Plain {
+        match self {
+            Feed::Plain(p) => p,
+            Feed::Coded(d) => d.sink(),
+        }
+    }
+}
+
+/// The observing state; see the module docs.
+pub(super) struct Observer {
+    feed: Feed,
+    /// Why the bytes can no longer be read (`encoding`, `decode`); nothing more is fed then.
+    lost: Option<&'static str>,
+    ledger: Option<Ledger>,
+}
+
+impl Observer {
+    /// Observes the 2xx response (`sse` or JSON, coded with `coding`, `None`: an unknown
+    /// coding) to the request of `ctx` with `estimate`.
+    pub(super) fn new(
+        estimate: &Estimate,
+        estimator: std::sync::Arc<Estimator>,
+        ctx: Ctx,
+        sse: bool,
+        coding: Option<Coding>,
+    ) -> Self {
+        let identity = coding == Some(Coding::Identity);
+        // A coded stream cannot be edited: its usage chunk then stays.
+        let strip = sse && estimate.strip_usage && identity;
+        let max_text = estimator.config().max_exact_bytes;
+        let plain = || Plain {
+            mode: if sse {
+                Mode::Sse(Scanner::new(strip))
+            } else {
+                Mode::Json {
+                    buf: Vec::new(),
+                    total: 0,
+                    over: false,
+                }
+            },
+            tally: Tally::new(max_text),
+            strip,
+        };
+        let (feed, lost) = match coding {
+            Some(Coding::Identity) => (Feed::Plain(plain()), None),
+            Some(c) => match Decoder::new(c, plain()) {
+                Ok(Some(d)) => (Feed::Coded(Box::new(d)), None),
+                _ => (Feed::Plain(plain()), Some("decode")),
+            },
+            None => (Feed::Plain(plain()), Some("encoding")),
+        };
+        Self {
+            feed,
+            lost,
+            ledger: Some(Ledger {
+                estimator,
+                key: estimate.key.clone(),
+                endpoint: estimate.endpoint,
+                encoding: estimate.encoding,
+                input: estimate.input.tokens,
+                charged_output: estimate.charge.output,
+                choices: estimate.choices.max(1),
+                model_weight: estimate.model_weight,
+                ctx,
+            }),
+        }
+    }
+
+    /// Whether forwarded bytes may differ from the provider's (the length changes).
+    pub(super) fn strips(&self) -> bool {
+        matches!(&self.feed, Feed::Plain(p) if p.strip)
+    }
+
+    /// Observes one frame; returns what to forward.
+    pub(super) fn see(&mut self, data: Bytes) -> Bytes {
+        if self.lost.is_some() {
+            return data;
+        }
+        match &mut self.feed {
+            Feed::Plain(p) => p.see(data),
+            Feed::Coded(d) => {
+                if d.write(&data).is_err() {
+                    self.lost = Some("decode");
+                }
+                data
+            }
+        }
+    }
+
+    /// Ends observation (`complete`: the body reached its end, rather than failing or being
+    /// dropped): returns bytes still held back (strip mode), and reconciles (inline, or the
+    /// returned work for the blocking pool). Idempotent.
+    pub(super) fn end(&mut self, complete: bool) -> (Bytes, Option<Work>) {
+        if self.ledger.is_none() {
+            return (Bytes::new(), None);
+        }
+        if let (Feed::Coded(d), None) = (&mut self.feed, self.lost) {
+            // A stream cut short does not finish either: that is `truncated`, not `decode`.
+            if d.finish().is_err() && complete {
+                self.lost = Some("decode");
+            }
+        }
+        let held = self.feed.plain().end();
+        (held, self.reconcile(complete))
+    }
+
+    fn reconcile(&mut self, complete: bool) -> Option<Work> {
+        let l = self.ledger.take()?;
+        let lost = self.lost;
+        let plain = self.feed.plain();
+        let tally = &mut plain.tally;
+        let usage = tally.usage;
+        let (json, over_bytes) = match &plain.mode {
+            Mode::Json { total, over, .. } => (true, over.then_some(*total)),
+            Mode::Sse(_) => (false, None),
+        };
+        let read = usage.is_some_and(|u| {
+            u.completion_tokens.is_some() || (l.endpoint == Endpoint::Embeddings && lost.is_none())
+        });
+        let unread = if read {
+            None
+        } else if let Some(lost) = lost {
+            Some(lost)
+        } else if over_bytes.is_some() {
+            Some("too_large")
+        } else if json && tally.malformed > 0 {
+            Some(if complete { "malformed" } else { "truncated" })
+        } else if !complete && !json {
+            Some("truncated")
+        } else {
+            Some("missing")
+        };
+        let text = std::mem::take(&mut tally.text);
+        let extra = tally.extra_bytes;
+        let big = usage.is_none() && text.len() > INLINE_MAX_BYTES;
+        let work = move || reconcile(l, usage, unread, text, extra, over_bytes);
+        if big {
+            Some(Box::new(work))
+        } else {
+            work();
+            None
+        }
+    }
+}
+
+fn reconcile(
+    l: Ledger,
+    usage: Option<extract::Usage>,
+    unread: Option<&'static str>,
+    text: String,
+    extra_bytes: u64,
+    over_bytes: Option<u64>,
+) {
+    let input = usage.and_then(|u| u.prompt_tokens).unwrap_or(l.input);
+    let output = if l.endpoint == Endpoint::Embeddings {
+        0
+    } else if let Some(out) = usage.and_then(|u| u.completion_tokens) {
+        out
+    } else if let Some(bytes) = over_bytes {
+        bytes.div_ceil(4).max(1)
+    } else {
+        let counted = l.estimator.count_text(l.encoding, &text);
+        let ratio = if counted.tokens > 0 {
+            text.len() as f64 / counted.tokens as f64
+        } else {
+            4.0
+        };
+        let counted = counted
+            .tokens
+            .saturating_add((extra_bytes as f64 / ratio.max(1.0)).ceil() as u64);
+        if counted > 0 {
+            counted
+        } else {
+            l.charged_output.max(1)
+        }
+    };
+    let actual = l.estimator.actual_cost(input, output, l.model_weight);
+    l.ctx.set_usage(Usage {
+        tokens: Charge { input, output },
+        cost: actual,
+        reported: unread.is_none(),
+        unread,
+    });
+    if l.endpoint != Endpoint::Embeddings {
+        // Learned per choice: the estimate multiplies it back by the request's choices.
+        l.estimator.record_output(&l.key, output / l.choices);
+    }
+    if let Some(d) = l.ctx.dispatch() {
+        l.estimator
+            .record_error(&l.key.tenant, d.charged, actual, unread.is_none());
+    }
+}
+
+#[cfg(test)]
+mod tests;
