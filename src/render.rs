@@ -149,6 +149,8 @@ fn finish(
     let queued = ctx.dispatch().map_or(0, |d| d.waited.as_millis() as u64);
     res.headers_mut()
         .insert(QUEUE_MS_HEADER, HeaderValue::from(queued));
+    // The connection's write watchdog (`server::stall`) marks a stalled response in it.
+    res.extensions_mut().insert(ctx.clone());
     res
 }
 

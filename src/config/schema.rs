@@ -168,6 +168,9 @@ pub struct ServerConfig {
     pub workers: Option<usize>,
     /// A request body that delivers no data for this long is answered 408, ms.
     pub client_body_timeout_ms: u64,
+    /// A response whose client accepts no bytes for this long is aborted (upstream cancelled,
+    /// every slot released, the connection closed), ms. nginx's `send_timeout`.
+    pub client_write_timeout_ms: u64,
     /// An idle connection (no request in flight) is closed after this long, ms.
     pub keepalive_timeout_ms: u64,
     /// Client connections open at once on the main listener (absent: derived from the
@@ -191,6 +194,7 @@ impl Default for ServerConfig {
             tls: None,
             workers: None,
             client_body_timeout_ms: 60_000,
+            client_write_timeout_ms: 30_000,
             keepalive_timeout_ms: 75_000,
             max_connections: None,
             max_connections_per_ip: None,

@@ -32,6 +32,7 @@ fn env_name(key: String, var: &Option<String>) -> Result<(), ConfigError> {
 fn validate_connections(s: &super::ServerConfig) -> Result<(), ConfigError> {
     for (k, v) in [
         ("client_body_timeout_ms", s.client_body_timeout_ms),
+        ("client_write_timeout_ms", s.client_write_timeout_ms),
         ("keepalive_timeout_ms", s.keepalive_timeout_ms),
         ("http2_keepalive_interval_ms", s.http2_keepalive_interval_ms),
         (

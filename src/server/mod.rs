@@ -13,6 +13,7 @@ pub mod diff;
 pub mod live;
 pub mod ops;
 mod reload;
+pub mod stall;
 mod tls;
 pub mod workers;
 
