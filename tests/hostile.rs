@@ -9,6 +9,9 @@
 
 mod common;
 
+#[path = "hostile/bytes.rs"]
+mod bytes;
+
 #[path = "hostile/stall.rs"]
 mod stall;
 

@@ -2,6 +2,11 @@
 //! and parses JSON endpoints once into the context's [`Parsed`] (model, stream, usage, max
 //! tokens).
 //!
+//! One representation: the parsed form keeps only the top-level fields fairgate reads
+//! ([`KEPT_FIELDS`]); every other field (a big unknown field, say) is validated and skipped
+//! without being allocated, and lives only in the body bytes, forwarded as received. What the
+//! parsed form holds is measured ([`value_bytes`]) and counted with the body in the byte budget.
+//!
 //! Invariants: a `Content-Length` over the cap is rejected (413) before any byte is read; a body
 //! growing over the cap while read is rejected at the cap; JSON endpoints require
 //! `application/json` (415), valid JSON (400) and a string `model` (400); the bytes are kept as
@@ -98,10 +103,77 @@ fn is_json(headers: &http::HeaderMap) -> bool {
         .is_some_and(|mime| mime.trim().eq_ignore_ascii_case("application/json"))
 }
 
+/// The top-level fields the parsed form keeps (what routing, counting and admission read).
+pub const KEPT_FIELDS: &[&str] = &[
+    "model",
+    "stream",
+    "stream_options",
+    "max_tokens",
+    "max_completion_tokens",
+    "max_output_tokens",
+    "messages",
+    "tools",
+    "functions",
+    "prompt",
+    "input",
+    "instructions",
+];
+
+/// A JSON object with only [`KEPT_FIELDS`]; other values are skipped unallocated.
+struct Kept(serde_json::Map<String, serde_json::Value>);
+
+impl<'de> serde::Deserialize<'de> for Kept {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Kept;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Kept, A::Error> {
+                let mut out = serde_json::Map::new();
+                while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                    if KEPT_FIELDS.contains(&key.as_ref()) {
+                        out.insert(key.into_owned(), map.next_value()?);
+                    } else {
+                        map.next_value::<serde::de::IgnoredAny>()?;
+                    }
+                }
+                Ok(Kept(out))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+/// Bytes a JSON value holds on the heap, measured: each node's size, plus string and key bytes.
+pub fn value_bytes(v: &serde_json::Value) -> u64 {
+    use serde_json::Value;
+    let node = std::mem::size_of::<Value>() as u64;
+    node + match v {
+        Value::String(s) => s.capacity() as u64,
+        Value::Array(a) => a.iter().map(value_bytes).sum::<u64>(),
+        Value::Object(o) => o
+            .iter()
+            .map(|(k, v)| k.capacity() as u64 + 3 * 8 + value_bytes(v))
+            .sum::<u64>(),
+        _ => 0,
+    }
+}
+
 /// Parses a JSON request body once.
 pub fn parse(bytes: &[u8]) -> Result<Parsed, Error> {
-    let value: serde_json::Value = serde_json::from_slice(bytes).map_err(Error::InvalidJson)?;
-    let obj = value.as_object().ok_or(Error::NotAnObject)?;
+    let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
+    if first != Some(&b'{') {
+        // Not an object: say whether it is JSON at all.
+        return Err(
+            match serde_json::from_slice::<serde::de::IgnoredAny>(bytes) {
+                Ok(_) => Error::NotAnObject,
+                Err(e) => Error::InvalidJson(e),
+            },
+        );
+    }
+    let Kept(obj) = serde_json::from_slice(bytes).map_err(Error::InvalidJson)?;
     let model = obj
         .get("model")
         .and_then(|m| m.as_str())
@@ -116,11 +188,13 @@ pub fn parse(bytes: &[u8]) -> Result<Parsed, Error> {
     let max_tokens = ["max_tokens", "max_completion_tokens", "max_output_tokens"]
         .iter()
         .find_map(|k| obj.get(*k).and_then(|v| v.as_u64()));
+    let value = serde_json::Value::Object(obj);
     Ok(Parsed {
         model,
         stream,
         include_usage,
         max_tokens,
+        kept_bytes: value_bytes(&value),
         value: std::sync::Arc::new(value),
     })
 }
@@ -226,6 +300,27 @@ mod tests {
         assert!(matches!(parse(b"{\"model\":1}"), Err(Error::MissingModel)));
         assert!(matches!(parse(b"[1]"), Err(Error::NotAnObject)));
         assert!(matches!(parse(b"{nope"), Err(Error::InvalidJson(_))));
+        assert!(matches!(parse(b"[1"), Err(Error::InvalidJson(_))));
+        assert!(matches!(
+            parse(b"{\"model\":\"m\",\"x\":[}"),
+            Err(Error::InvalidJson(_))
+        ));
+    }
+
+    #[test]
+    fn unknown_fields_are_not_kept_and_what_is_kept_is_measured() {
+        let big = "x".repeat(1 << 20);
+        let body = format!(
+            r#"{{"model":"m","messages":[{{"role":"user","content":"hi"}}],"blob":"{big}"}}"#
+        );
+        let p = parse(body.as_bytes()).unwrap();
+        assert!(p.value.get("blob").is_none());
+        assert!(p.value.get("messages").is_some());
+        assert!(p.kept_bytes < 4096, "{}", p.kept_bytes);
+        // A kept field is counted at least at its size.
+        let body = format!(r#"{{"model":"m","messages":[{{"role":"user","content":"{big}"}}]}}"#);
+        let p = parse(body.as_bytes()).unwrap();
+        assert!(p.kept_bytes >= 1 << 20, "{}", p.kept_bytes);
     }
 
     #[tokio::test]

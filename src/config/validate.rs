@@ -176,6 +176,17 @@ pub fn validate(c: &Config) -> Result<(), ConfigError> {
     if s.quantum == 0 {
         return Err(invalid("scheduler.quantum", "must be > 0"));
     }
+    for (k, v) in [
+        ("scheduler.max_queued_bytes", s.max_queued_bytes),
+        (
+            "scheduler.max_queued_bytes_per_tenant",
+            s.max_queued_bytes_per_tenant,
+        ),
+    ] {
+        if v == 0 {
+            return Err(invalid(k, "must be > 0"));
+        }
+    }
     if s.classes.interactive == 0 || s.classes.batch == 0 {
         return Err(invalid("scheduler.classes", "class shares must be > 0"));
     }

@@ -110,7 +110,7 @@ where
             let input = input?;
             let strip_usage = asks_usage_for_client(endpoint, parsed);
             if strip_usage {
-                if let Some(body) = with_include_usage(&parsed.value) {
+                if let Some(body) = with_include_usage(req.body(), &parsed.value) {
                     *req.body_mut() = body;
                 }
             }
@@ -150,9 +150,21 @@ fn asks_usage_for_client(endpoint: Endpoint, p: &Parsed) -> bool {
             .is_none_or(|o| o.is_object() || o.is_null())
 }
 
-/// The body with `stream_options.include_usage = true`.
-fn with_include_usage(value: &Value) -> Option<Bytes> {
-    let mut v = value.clone();
+/// The body with `stream_options.include_usage = true`. The parsed form keeps only the fields
+/// fairgate reads (`body::KEPT_FIELDS`), so the body is rewritten from its bytes: without
+/// `stream_options` (the usual case) by inserting the member after the opening brace, every
+/// other byte as received; with one (an object or null), by parsing the whole body once more.
+fn with_include_usage(body: &Bytes, kept: &Value) -> Option<Bytes> {
+    if kept.get("stream_options").is_none() {
+        let open = body.iter().position(|b| *b == b'{')?;
+        const MEMBER: &[u8] = br#""stream_options":{"include_usage":true},"#;
+        let mut out = Vec::with_capacity(body.len() + MEMBER.len());
+        out.extend_from_slice(&body[..=open]);
+        out.extend_from_slice(MEMBER);
+        out.extend_from_slice(&body[open + 1..]);
+        return Some(Bytes::from(out));
+    }
+    let mut v: Value = serde_json::from_slice(body).ok()?;
     let obj = v.as_object_mut()?;
     let opts = obj
         .entry("stream_options")
@@ -163,4 +175,25 @@ fn with_include_usage(value: &Value) -> Option<Bytes> {
     opts.as_object_mut()?
         .insert("include_usage".into(), Value::Bool(true));
     serde_json::to_vec(&v).ok().map(Bytes::from)
+}
+
+#[cfg(test)]
+mod rewrite_tests {
+    use super::*;
+
+    #[test]
+    fn include_usage_is_added_and_unknown_fields_survive() {
+        let body = Bytes::from_static(br#" {"model":"m","stream":true,"blob":"zz","messages":[]}"#);
+        // The parsed form keeps no unknown field (`body::KEPT_FIELDS`).
+        let kept = serde_json::json!({"model":"m","stream":true,"messages":[]});
+        let out = with_include_usage(&body, &kept).unwrap();
+        let v: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["stream_options"]["include_usage"], true);
+        assert_eq!(v["blob"], "zz");
+        let body = Bytes::from_static(br#"{"model":"m","stream_options":null,"blob":1}"#);
+        let kept = serde_json::json!({"model":"m","stream_options":null});
+        let v: Value = serde_json::from_slice(&with_include_usage(&body, &kept).unwrap()).unwrap();
+        assert_eq!(v["stream_options"]["include_usage"], true);
+        assert_eq!(v["blob"], 1);
+    }
 }

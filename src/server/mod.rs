@@ -185,6 +185,10 @@ where
         })
         // Pick the upstream pool from the model: the fair queue below is per pool.
         .layer(route::Layer(state.router.clone()))
+        // Memory bounded in bytes: as soon as the pool is known (the body is read and parsed),
+        // before any counting, the request's bytes are reserved against the pool's and the
+        // tenant's `max_queued_bytes`; the reservation lives in the response body.
+        .layer(queue::bytes::Layer(state.pools.clone()))
         // Count input tokens (after routing: an unroutable model costs no counting) and ask for
         // usage on a stream's behalf; admission and the queue below price the request from it.
         .layer(estimate::Layer::new(state.estimator.clone()))

@@ -81,6 +81,7 @@ impl State {
                 Some((pool, cap)) => {
                     let settings = queue::scheduler_config(&config.scheduler, u.max_concurrency);
                     pool.reconfigure(settings, &specs);
+                    pool.bytes().set_pool_max(config.scheduler.max_queued_bytes);
                     cap.reconfigure(max, reserved);
                     (pool.clone(), cap.clone())
                 }
