@@ -23,7 +23,7 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http::{header, Method, Request, Response, StatusCode};
 use http_body::Body;
-use http_body_util::{BodyExt, LengthLimitError, Limited};
+use http_body_util::BodyExt;
 
 use crate::error::ApiError;
 use crate::response::{BoxError, ResponseBody};
@@ -199,34 +199,53 @@ pub fn parse(bytes: &[u8]) -> Result<Parsed, Error> {
     })
 }
 
+/// The declared `Content-Length`, if any.
+fn declared_length(headers: &http::HeaderMap) -> Option<u64> {
+    headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+}
+
 /// Reads a body up to `max` bytes.
 pub async fn read<B>(headers: &http::HeaderMap, body: B, max: usize) -> Result<Bytes, Error>
 where
     B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,
 {
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
+    let declared = declared_length(headers);
     if declared.is_some_and(|n| n > max as u64) {
         return Err(Error::TooLarge(max));
     }
-    match Limited::new(body, max).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.is::<LengthLimitError>() => Err(Error::TooLarge(max)),
-        Err(e) => match e.downcast_ref::<timeout::BodyTimeout>() {
-            Some(t) => Err(Error::Timeout(*t)),
-            None => Err(Error::Read),
-        },
+    // One buffer, sized from the declared length: each frame is copied in and freed at once
+    // (collecting the frames and joining them would hold the body twice at its peak).
+    let mut buf = bytes::BytesMut::with_capacity(declared.unwrap_or(0) as usize);
+    let mut body = std::pin::pin!(body);
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| {
+            let e: BoxError = e.into();
+            match e.downcast_ref::<timeout::BodyTimeout>() {
+                Some(t) => Error::Timeout(*t),
+                None => Error::Read,
+            }
+        })?;
+        if let Ok(data) = frame.into_data() {
+            if buf.len() + data.len() > max {
+                return Err(Error::TooLarge(max));
+            }
+            buf.extend_from_slice(&data);
+        }
     }
+    Ok(buf.freeze())
 }
 
 /// Tower layer of the body stage.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 pub struct Layer {
     /// `[server] max_body_bytes`.
     pub max_body_bytes: usize,
+    /// The tenant-wide byte budget (`max_queued_bytes`), reserved before the body is read.
+    pub budget: crate::queue::bytes::TenantBudget,
 }
 
 impl<S> tower::Layer<S> for Layer {
@@ -234,6 +253,7 @@ impl<S> tower::Layer<S> for Layer {
     fn layer(&self, inner: S) -> Service<S> {
         Service {
             max: self.max_body_bytes,
+            budget: self.budget.clone(),
             inner,
         }
     }
@@ -243,6 +263,7 @@ impl<S> tower::Layer<S> for Layer {
 #[derive(Clone)]
 pub struct Service<S> {
     max: usize,
+    budget: crate::queue::bytes::TenantBudget,
     inner: S,
 }
 
@@ -270,18 +291,36 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let max = self.max;
+        let budget = self.budget.clone();
         Box::pin(async move {
             let ctx = crate::context::of(&req)?;
+            let tenant = ctx.identity()?.tenant.clone();
             let (parts, body) = req.into_parts();
             let json = is_json_endpoint(&parts.method, parts.uri.path());
             if json && !is_json(&parts.headers) {
                 return Err(Error::UnsupportedMediaType.into());
             }
+            // The tenant's byte budget, before a byte is read when the length is declared
+            // (the cap is checked first: a 413 is the more precise answer).
+            let declared = declared_length(&parts.headers).filter(|&n| n <= max as u64);
+            let early = match declared {
+                Some(n) => Some(budget.reserve(&tenant, n)?),
+                None => None,
+            };
             let bytes = read(&parts.headers, body, max).await?;
+            // Without a declared length the body is read first (bounded by the cap).
+            let mut reservation = match early {
+                Some(r) => r,
+                None => budget.reserve(&tenant, bytes.len() as u64)?,
+            };
             if json {
-                ctx.set_request(parse(&bytes)?);
+                let parsed = parse(&bytes)?;
+                reservation.grow(parsed.kept_bytes);
+                ctx.set_request(parsed);
             }
-            inner.call(Request::from_parts(parts, bytes)).await
+            let mut res = inner.call(Request::from_parts(parts, bytes)).await?;
+            res.body_mut().attach(Box::new(reservation));
+            Ok(res)
         })
     }
 }

@@ -1,12 +1,15 @@
 //! Memory bounded in bytes (`[scheduler] max_queued_bytes`, `max_queued_bytes_per_tenant`, a
-//! plan's or tenant's `max_queued_bytes`): the request bytes one pool holds queued or in flight,
-//! in total and per tenant.
+//! plan's or tenant's `max_queued_bytes`): the request bytes held queued or in flight, per
+//! tenant (all pools) and per pool.
 //!
 //! A request's size is its body as received plus the parsed form fairgate keeps of it
-//! (`Parsed::kept_bytes`, measured). The stage ([`Layer`], right after `route`: the pool is
-//! known, the body read and parsed) takes a [`Reservation`] from the pool's [`ByteBudget`] before
-//! anything else is done with the request, and attaches it to the response body: it is released
-//! on `Drop` — when the answer ends, fails, or the request is cancelled at any point.
+//! (`Parsed::kept_bytes`, measured). Two [`Reservation`]s, each attached to the response body
+//! and released on `Drop` — when the answer ends, fails, or the request is cancelled at any
+//! point:
+//! - the tenant's, taken by the `body` stage from the tenant-wide [`ByteBudget`] *before* the
+//!   body is read when its `Content-Length` is declared (else once read), then grown by the
+//!   parsed form's bytes ([`Reservation::grow`]: counted, never a refusal of its own);
+//! - the pool's, taken by this module's [`Layer`] right after `route` (the pool is known).
 //!
 //! Invariants: held bytes never exceed the pool's and the tenant's budget, except by one request
 //! alone (a request that finds nothing of its tenant — or nothing at all in the pool — held
@@ -52,7 +55,7 @@ impl std::fmt::Debug for ByteBudget {
     }
 }
 
-/// Whose byte budget refused a request, and how many requests the pool holds.
+/// Whose byte budget refused a request, and how many requests it holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Over {
     /// The tenant's (`max_queued_bytes` of the tenant or plan, else the scheduler default).
@@ -88,9 +91,9 @@ impl ByteBudget {
         n: u64,
     ) -> Result<Reservation, Over> {
         let mut held = self.lock();
-        let (t_bytes, _) = held.tenants.get(tenant).copied().unwrap_or((0, 0));
+        let (t_bytes, t_requests) = held.tenants.get(tenant).copied().unwrap_or((0, 0));
         if t_bytes > 0 && t_bytes.saturating_add(n) > tenant_max {
-            return Err(Over::Tenant(held.requests));
+            return Err(Over::Tenant(t_requests));
         }
         let pool_max = self.pool_max.load(Ordering::Relaxed);
         if held.bytes > 0 && held.bytes.saturating_add(n) > pool_max {
@@ -108,7 +111,7 @@ impl ByteBudget {
         })
     }
 
-    /// Bytes held in the pool, and by `tenant`.
+    /// Bytes held in all, and by `tenant`.
     pub fn held(&self, tenant: &TenantId) -> (u64, u64) {
         let held = self.lock();
         let t = held.tenants.get(tenant).map_or(0, |t| t.0);
@@ -121,6 +124,19 @@ pub struct Reservation {
     budget: Arc<ByteBudget>,
     tenant: TenantId,
     bytes: u64,
+}
+
+impl Reservation {
+    /// Counts `n` more bytes of the same request (its parsed form): never refused, the request
+    /// was admitted on its body.
+    pub fn grow(&mut self, n: u64) {
+        let mut held = self.budget.lock();
+        held.bytes += n;
+        if let Some(t) = held.tenants.get_mut(&self.tenant) {
+            t.0 += n;
+        }
+        self.bytes += n;
+    }
 }
 
 impl Drop for Reservation {
@@ -138,7 +154,42 @@ impl Drop for Reservation {
     }
 }
 
-/// Tower layer of the byte budget (placed right after `route`).
+/// The tenant-wide budget the `body` stage reserves from, with the pools whose service time
+/// prices its Retry-After. Kept across reloads (what is held stays held).
+#[derive(Clone, Debug)]
+pub struct TenantBudget {
+    /// Bytes held per tenant, all pools.
+    pub bytes: Arc<ByteBudget>,
+    /// The pools of the generation in force.
+    pub pools: Arc<[Arc<FairQueue>]>,
+}
+
+impl TenantBudget {
+    /// Reserves `n` bytes for `tenant` within its `max_queued_bytes`; over it, the 429 with
+    /// the time the slowest pool needs to serve the tenant's held requests.
+    pub fn reserve(
+        &self,
+        tenant: &crate::context::Tenant,
+        n: u64,
+    ) -> Result<Reservation, crate::Error> {
+        self.bytes
+            .reserve(&tenant.id, tenant.max_queued_bytes, n)
+            .map_err(|over| {
+                let requests = match over {
+                    Over::Tenant(r) | Over::Pool(r) => r,
+                };
+                let retry_after = self
+                    .pools
+                    .iter()
+                    .map(|p| p.drain_time(requests))
+                    .max()
+                    .unwrap_or(Duration::from_secs(1));
+                QueueError::TenantBytes { retry_after }.into()
+            })
+    }
+}
+
+/// Tower layer of the pool's byte budget (placed right after `route`).
 #[derive(Clone)]
 pub struct Layer(pub Arc<[Arc<FairQueue>]>);
 
@@ -188,8 +239,9 @@ where
                 .get(ctx.route()?.pool)
                 .ok_or_else(|| crate::Error::internal("routed to an unknown pool"))?;
             let n = request_bytes(req.body(), &ctx);
+            // The tenant's budget was taken by `body` (tenant-wide); this one is the pool's.
             pool.bytes()
-                .reserve(&tenant.id, tenant.max_queued_bytes, n)
+                .reserve(&tenant.id, u64::MAX, n)
                 .map_err(|over| {
                     let (requests, tenant) = match over {
                         Over::Tenant(r) => (r, true),
@@ -247,6 +299,17 @@ mod tests {
         drop((a2, c1, d1));
         assert_eq!(b.held(&id("a")), (0, 0));
         assert!(b.lock().tenants.is_empty(), "entries go at zero");
+    }
+
+    #[test]
+    fn grow_counts_the_parsed_form_and_drop_releases_it() {
+        let b = ByteBudget::new(u64::MAX);
+        let mut r = b.reserve(&id("a"), 100, 60).unwrap();
+        r.grow(30);
+        assert_eq!(b.held(&id("a")), (90, 90));
+        assert_eq!(b.reserve(&id("a"), 100, 20).err(), Some(Over::Tenant(1)));
+        drop(r);
+        assert_eq!(b.held(&id("a")), (0, 0));
     }
 
     #[test]

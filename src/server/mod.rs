@@ -74,6 +74,8 @@ pub struct State {
     pub reloader: Option<Weak<dyn crate::admin::Reload>>,
     /// Cluster mode (`[cluster]`): shared capacity, fairness and rate limits.
     pub cluster: Option<Arc<crate::cluster::Cluster>>,
+    /// Request bytes held per tenant, all pools (`max_queued_bytes`; kept across reloads).
+    pub tenant_bytes: queue::bytes::TenantBudget,
 }
 
 impl State {
@@ -104,6 +106,10 @@ impl State {
             crate::cluster::Cluster::new(link, store, &config, &pools, &admission)
         });
         Ok(Self {
+            tenant_bytes: queue::bytes::TenantBudget {
+                bytes: queue::bytes::ByteBudget::new(u64::MAX),
+                pools: pools.clone(),
+            },
             cluster,
             metrics,
             admin_token,
@@ -182,6 +188,7 @@ where
         // Read the (bounded) body once and parse it once; estimation and routing need it.
         .layer(body::Layer {
             max_body_bytes: state.config.server.max_body_bytes,
+            budget: state.tenant_bytes.clone(),
         })
         // Pick the upstream pool from the model: the fair queue below is per pool.
         .layer(route::Layer(state.router.clone()))
@@ -545,6 +552,7 @@ mod tests {
             .layer(tenant::Layer(s.tenants.clone()))
             .layer(body::Layer {
                 max_body_bytes: 1 << 20,
+                budget: s.tenant_bytes.clone(),
             })
             .layer(route::Layer(s.router.clone()))
             .layer(admission::Layer(s.admission.clone()))
@@ -558,6 +566,7 @@ mod tests {
             .layer(tenant::Layer(s.tenants.clone()))
             .layer(body::Layer {
                 max_body_bytes: 1 << 20,
+                budget: s.tenant_bytes.clone(),
             })
             .layer(route::Layer(s.router.clone()))
             .layer(estimate::Layer::new(s.estimator.clone()))

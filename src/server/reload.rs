@@ -99,6 +99,10 @@ impl State {
             .admission
             .reloaded(&config, pools.clone(), capacity.into());
         let state = State {
+            tenant_bytes: crate::queue::bytes::TenantBudget {
+                bytes: self.tenant_bytes.bytes.clone(),
+                pools: pools.clone(),
+            },
             metrics: self.metrics.reloaded(&config),
             admin_token,
             admission,
