@@ -3,6 +3,15 @@
 //! client did not, and writes the context's [`Estimate`] for admission, the fair queue and the
 //! `usage` stage.
 //!
+//! Bounded work before admission: counting a body stops at `[estimate] max_exact_bytes` (the
+//! rest is extrapolated), so each request costs a fixed CPU budget. Large bodies are counted on
+//! the blocking pool, at most [`BLOCKING_PERMITS`] at once and at most [`BLOCKING_PER_TENANT`]
+//! of one tenant at once: a tenant flooding huge bodies waits for its own turns and holds at
+//! most half of the pool's, so another tenant's body finds a free turn (or waits behind at most
+//! one turn per other tenant, not behind the flood). Both turns move into the blocking task: a
+//! request cancelled while its body is counted keeps them until the counting ends, so
+//! cancelling cannot multiply the work in progress.
+//!
 //! Invariants: runs after routing (an unroutable model costs no counting) and before admission;
 //! a request without the context's identity or parsed body is a misordered stack (500); the
 //! body is rewritten at most once, and only to set `stream_options.include_usage = true`.
@@ -18,19 +27,24 @@ use tokio::sync::Semaphore;
 
 use super::{Endpoint, Error, Estimate, Estimator, OutputKey};
 use crate::context::Parsed;
-use crate::domain::Charge;
+use crate::domain::{Charge, TenantId};
 use crate::response::ResponseBody;
 
 /// Bodies up to this size are counted on the runtime worker (well under a millisecond).
 pub const INLINE_MAX_BYTES: usize = 64 * 1024;
 /// Large bodies counted on the blocking pool at once; more wait for a turn.
 pub const BLOCKING_PERMITS: usize = 4;
+/// Large bodies of one tenant counted at once (half the turns): a flood leaves the rest free.
+pub const BLOCKING_PER_TENANT: usize = BLOCKING_PERMITS / 2;
 
-/// Holds the shared estimator and the blocking-pool semaphore (cloning shares both).
+/// Holds the shared estimator and the blocking-pool semaphores (cloning shares them).
 #[derive(Clone)]
 pub struct Layer {
     estimator: Arc<Estimator>,
     blocking: Arc<Semaphore>,
+    tenants: Arc<TenantTurns>,
+    /// Countings finished on the blocking pool (their turns are released right after).
+    counted: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Layer {
@@ -39,6 +53,62 @@ impl Layer {
         Self {
             estimator,
             blocking: Arc::new(Semaphore::new(BLOCKING_PERMITS)),
+            tenants: Arc::default(),
+            counted: Arc::default(),
+        }
+    }
+
+    /// Blocking-pool turns free now.
+    pub fn turns_free(&self) -> usize {
+        self.blocking.available_permits()
+    }
+
+    /// Countings finished on the blocking pool so far.
+    pub fn counted(&self) -> u64 {
+        self.counted.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// One semaphore of [`BLOCKING_PER_TENANT`] turns per tenant with a large body in counting;
+/// an entry goes when its last turn does (the map is bounded by the tenants counting).
+#[derive(Default)]
+struct TenantTurns(std::sync::Mutex<std::collections::HashMap<TenantId, Arc<Semaphore>>>);
+
+/// A tenant's turn; dropping it removes the tenant's entry once nobody holds or waits for it.
+struct TenantTurn {
+    turns: Arc<TenantTurns>,
+    tenant: TenantId,
+    permit: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+impl TenantTurns {
+    async fn acquire(self: &Arc<Self>, tenant: &TenantId) -> Option<TenantTurn> {
+        let sem = {
+            let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+            map.entry(tenant.clone())
+                .or_insert_with(|| Arc::new(Semaphore::new(BLOCKING_PER_TENANT)))
+                .clone()
+        };
+        let mut turn = TenantTurn {
+            turns: self.clone(),
+            tenant: tenant.clone(),
+            permit: None,
+        };
+        turn.permit = Some(sem.acquire_owned().await.ok()?);
+        Some(turn)
+    }
+}
+
+impl Drop for TenantTurn {
+    fn drop(&mut self) {
+        drop(self.permit.take());
+        let mut map = self.turns.0.lock().unwrap_or_else(|p| p.into_inner());
+        // Only the map holds it: nobody counts or waits for this tenant any more.
+        if map
+            .get(&self.tenant)
+            .is_some_and(|s| Arc::strong_count(s) == 1)
+        {
+            map.remove(&self.tenant);
         }
     }
 }
@@ -90,19 +160,31 @@ where
             let input = if req.body().len() <= INLINE_MAX_BYTES {
                 est.count(endpoint, &parsed.model, &parsed.value)
             } else {
+                // The tenant's turn first: a flood queues on its own semaphore, and the pool's
+                // queue holds at most a few waiters per tenant.
+                let own = layer
+                    .tenants
+                    .acquire(&tenant)
+                    .await
+                    .ok_or(Error::Counting)?;
                 let turn = layer
                     .blocking
                     .clone()
                     .acquire_owned()
                     .await
                     .map_err(|_| Error::Counting)?;
-                let (est, ctx) = (est.clone(), ctx.clone());
-                // The turn moves into the task: a client that goes away while its body is
-                // counted does not free the turn before the counting ends.
+                let (est, ctx, counted) = (est.clone(), ctx.clone(), layer.counted.clone());
+                // The turns move into the task: a client that goes away while its body is
+                // counted does not free them before the counting ends.
                 tokio::task::spawn_blocking(move || {
-                    let _turn = turn;
+                    // Dropped in this order: the pool's turn before the tenant's, so the tenant
+                    // never holds more pool turns than its own.
+                    let turns = (turn, own);
                     let parsed = ctx.request()?;
-                    Ok::<_, crate::Error>(est.count(endpoint, &parsed.model, &parsed.value))
+                    let n = est.count(endpoint, &parsed.model, &parsed.value);
+                    counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    drop(turns);
+                    Ok::<_, crate::Error>(n)
                 })
                 .await
                 .map_err(|_| Error::Counting)??
