@@ -9,6 +9,9 @@
 
 mod common;
 
+#[path = "hostile/attacks.rs"]
+mod attacks;
+
 #[path = "hostile/bytes.rs"]
 mod bytes;
 
