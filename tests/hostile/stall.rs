@@ -89,6 +89,15 @@ async fn http1_client_that_never_reads_is_cut_and_the_victim_served() {
 
 #[tokio::test]
 async fn h2_stream_whose_window_stays_shut_is_cut_and_the_victim_served() {
+    h2_attack(false).await;
+}
+
+#[tokio::test]
+async fn h2_sse_stream_whose_window_stays_shut_is_cut_and_the_victim_served() {
+    h2_attack(true).await;
+}
+
+async fn h2_attack(stream: bool) {
     let mock = mock().await;
     let proxy = proxy(&config(&mock.base_url(), SERVER, POOL, "")).await;
     let alone = victim(proxy.addr).await;
@@ -105,7 +114,7 @@ async fn h2_stream_whose_window_stays_shut_is_cut_and_the_victim_served() {
     let req = http::Request::post(format!("http://{}/v1/chat/completions", proxy.addr))
         .header("authorization", format!("Bearer {KEY_A}"))
         .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(long(false))))
+        .body(Full::new(Bytes::from(long(stream))))
         .unwrap();
     let head = tokio::time::timeout(Duration::from_secs(20), sender.send_request(req))
         .await
@@ -121,7 +130,11 @@ async fn h2_stream_whose_window_stays_shut_is_cut_and_the_victim_served() {
         &[("tenant", "a"), ("reason", "client_stalled")],
     );
     figure(
-        "client never reads (h2, window shut)",
+        if stream {
+            "client never reads (h2 SSE, window shut)"
+        } else {
+            "client never reads (h2, window shut)"
+        },
         "victim served under attack / alone",
         under_attack as f64 / alone as f64,
         &format!("attacker cut {stalled} time(s); pool of 1 slot"),
