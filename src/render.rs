@@ -151,6 +151,8 @@ fn finish(
     let h = res.headers_mut();
     h.insert(QUEUE_MS_HEADER, HeaderValue::from(queued));
     h.insert(REQUEST_ID_HEADER, ctx.request_id().clone());
+    // The connection's write watchdog (`server::stall`) marks a stalled response in it.
+    res.extensions_mut().insert(ctx.clone());
     res
 }
 

@@ -2,6 +2,11 @@
 //! and parses JSON endpoints once into the context's [`Parsed`] (model, stream, usage, max
 //! tokens).
 //!
+//! One representation: the parsed form keeps only the top-level fields fairgate reads
+//! ([`KEPT_FIELDS`]); every other field (a big unknown field, say) is validated and skipped
+//! without being allocated, and lives only in the body bytes, forwarded as received. What the
+//! parsed form holds is measured ([`value_bytes`]) and counted with the body in the byte budget.
+//!
 //! Invariants: a `Content-Length` over the cap is rejected (413) before any byte is read; a body
 //! growing over the cap while read is rejected at the cap; JSON endpoints require
 //! `application/json` (415), valid JSON (400) and a string `model` (400); the bytes are kept as
@@ -19,7 +24,7 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http::{header, Method, Request, Response, StatusCode};
 use http_body::Body;
-use http_body_util::{BodyExt, LengthLimitError, Limited};
+use http_body_util::BodyExt;
 
 use crate::error::ApiError;
 use crate::response::{BoxError, ResponseBody};
@@ -116,10 +121,82 @@ fn is_json(headers: &http::HeaderMap) -> bool {
         .is_some_and(|mime| mime.trim().eq_ignore_ascii_case("application/json"))
 }
 
+/// The top-level fields the parsed form keeps (what routing, counting and admission read).
+pub const KEPT_FIELDS: &[&str] = &[
+    "model",
+    "stream",
+    "stream_options",
+    "max_tokens",
+    "max_completion_tokens",
+    "max_output_tokens",
+    "messages",
+    "tools",
+    "functions",
+    "prompt",
+    "input",
+    "instructions",
+    "tool_choice",
+    "max_tool_calls",
+    "parallel_tool_calls",
+    "n",
+    "best_of",
+];
+
+/// A JSON object with only [`KEPT_FIELDS`]; other values are skipped unallocated.
+struct Kept(serde_json::Map<String, serde_json::Value>);
+
+impl<'de> serde::Deserialize<'de> for Kept {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Kept;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Kept, A::Error> {
+                let mut out = serde_json::Map::new();
+                while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                    if KEPT_FIELDS.contains(&key.as_ref()) {
+                        out.insert(key.into_owned(), map.next_value()?);
+                    } else {
+                        map.next_value::<serde::de::IgnoredAny>()?;
+                    }
+                }
+                Ok(Kept(out))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+/// Bytes a JSON value holds on the heap, measured: each node's size, plus string and key bytes.
+pub fn value_bytes(v: &serde_json::Value) -> u64 {
+    use serde_json::Value;
+    let node = std::mem::size_of::<Value>() as u64;
+    node + match v {
+        Value::String(s) => s.capacity() as u64,
+        Value::Array(a) => a.iter().map(value_bytes).sum::<u64>(),
+        Value::Object(o) => o
+            .iter()
+            .map(|(k, v)| k.capacity() as u64 + 3 * 8 + value_bytes(v))
+            .sum::<u64>(),
+        _ => 0,
+    }
+}
+
 /// Parses a JSON request body once.
 pub fn parse(bytes: &[u8]) -> Result<Parsed, Error> {
-    let value: serde_json::Value = serde_json::from_slice(bytes).map_err(Error::InvalidJson)?;
-    let obj = value.as_object().ok_or(Error::NotAnObject)?;
+    let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
+    if first != Some(&b'{') {
+        // Not an object: say whether it is JSON at all.
+        return Err(
+            match serde_json::from_slice::<serde::de::IgnoredAny>(bytes) {
+                Ok(_) => Error::NotAnObject,
+                Err(e) => Error::InvalidJson(e),
+            },
+        );
+    }
+    let Kept(obj) = serde_json::from_slice(bytes).map_err(Error::InvalidJson)?;
     let model = obj
         .get("model")
         .and_then(|m| m.as_str())
@@ -133,7 +210,7 @@ pub fn parse(bytes: &[u8]) -> Result<Parsed, Error> {
         .unwrap_or(false);
     let mut max_tokens: Option<(u64, &'static str)> = None;
     for key in OUTPUT_CAPS {
-        if let Some(v) = int_field(obj, key, 0, MAX_OUTPUT_CAP)? {
+        if let Some(v) = int_field(&obj, key, 0, MAX_OUTPUT_CAP)? {
             if max_tokens.is_none_or(|(m, _)| v > m) {
                 max_tokens = Some((v, key));
             }
@@ -141,12 +218,13 @@ pub fn parse(bytes: &[u8]) -> Result<Parsed, Error> {
     }
     let mut choices = (1, None);
     for key in ["n", "best_of"] {
-        if let Some(v) = int_field(obj, key, 1, MAX_CHOICES)? {
+        if let Some(v) = int_field(&obj, key, 1, MAX_CHOICES)? {
             if v > choices.0 {
                 choices = (v, Some(key));
             }
         }
     }
+    let value = serde_json::Value::Object(obj);
     Ok(Parsed {
         model,
         stream,
@@ -155,6 +233,7 @@ pub fn parse(bytes: &[u8]) -> Result<Parsed, Error> {
         max_tokens_param: max_tokens.map_or("max_tokens", |(_, k)| k),
         choices: choices.0,
         choices_param: choices.1,
+        kept_bytes: value_bytes(&value),
         value: std::sync::Arc::new(value),
     })
 }
@@ -184,34 +263,53 @@ fn int_field(
     }
 }
 
+/// The declared `Content-Length`, if any.
+fn declared_length(headers: &http::HeaderMap) -> Option<u64> {
+    headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+}
+
 /// Reads a body up to `max` bytes.
 pub async fn read<B>(headers: &http::HeaderMap, body: B, max: usize) -> Result<Bytes, Error>
 where
     B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,
 {
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
+    let declared = declared_length(headers);
     if declared.is_some_and(|n| n > max as u64) {
         return Err(Error::TooLarge(max));
     }
-    match Limited::new(body, max).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.is::<LengthLimitError>() => Err(Error::TooLarge(max)),
-        Err(e) => match e.downcast_ref::<timeout::BodyTimeout>() {
-            Some(t) => Err(Error::Timeout(*t)),
-            None => Err(Error::Read),
-        },
+    // One buffer, sized from the declared length: each frame is copied in and freed at once
+    // (collecting the frames and joining them would hold the body twice at its peak).
+    let mut buf = bytes::BytesMut::with_capacity(declared.unwrap_or(0) as usize);
+    let mut body = std::pin::pin!(body);
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| {
+            let e: BoxError = e.into();
+            match e.downcast_ref::<timeout::BodyTimeout>() {
+                Some(t) => Error::Timeout(*t),
+                None => Error::Read,
+            }
+        })?;
+        if let Ok(data) = frame.into_data() {
+            if buf.len() + data.len() > max {
+                return Err(Error::TooLarge(max));
+            }
+            buf.extend_from_slice(&data);
+        }
     }
+    Ok(buf.freeze())
 }
 
 /// Tower layer of the body stage.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 pub struct Layer {
     /// `[server] max_body_bytes`.
     pub max_body_bytes: usize,
+    /// The tenant-wide byte budget (`max_queued_bytes`), reserved before the body is read.
+    pub budget: crate::queue::bytes::TenantBudget,
 }
 
 impl<S> tower::Layer<S> for Layer {
@@ -219,6 +317,7 @@ impl<S> tower::Layer<S> for Layer {
     fn layer(&self, inner: S) -> Service<S> {
         Service {
             max: self.max_body_bytes,
+            budget: self.budget.clone(),
             inner,
         }
     }
@@ -228,6 +327,7 @@ impl<S> tower::Layer<S> for Layer {
 #[derive(Clone)]
 pub struct Service<S> {
     max: usize,
+    budget: crate::queue::bytes::TenantBudget,
     inner: S,
 }
 
@@ -255,18 +355,36 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let max = self.max;
+        let budget = self.budget.clone();
         Box::pin(async move {
             let ctx = crate::context::of(&req)?;
+            let tenant = ctx.identity()?.tenant.clone();
             let (parts, body) = req.into_parts();
             let json = is_json_endpoint(&parts.method, parts.uri.path());
             if json && !is_json(&parts.headers) {
                 return Err(Error::UnsupportedMediaType.into());
             }
+            // The tenant's byte budget, before a byte is read when the length is declared
+            // (the cap is checked first: a 413 is the more precise answer).
+            let declared = declared_length(&parts.headers).filter(|&n| n <= max as u64);
+            let early = match declared {
+                Some(n) => Some(budget.reserve(&tenant, n)?),
+                None => None,
+            };
             let bytes = read(&parts.headers, body, max).await?;
+            // Without a declared length the body is read first (bounded by the cap).
+            let mut reservation = match early {
+                Some(r) => r,
+                None => budget.reserve(&tenant, bytes.len() as u64)?,
+            };
             if json {
-                ctx.set_request(parse(&bytes)?);
+                let parsed = parse(&bytes)?;
+                reservation.grow(parsed.kept_bytes);
+                ctx.set_request(parsed);
             }
-            inner.call(Request::from_parts(parts, bytes)).await
+            let mut res = inner.call(Request::from_parts(parts, bytes)).await?;
+            res.body_mut().attach(Box::new(reservation));
+            Ok(res)
         })
     }
 }
@@ -289,6 +407,27 @@ mod tests {
         assert!(matches!(parse(b"{\"model\":1}"), Err(Error::MissingModel)));
         assert!(matches!(parse(b"[1]"), Err(Error::NotAnObject)));
         assert!(matches!(parse(b"{nope"), Err(Error::InvalidJson(_))));
+        assert!(matches!(parse(b"[1"), Err(Error::InvalidJson(_))));
+        assert!(matches!(
+            parse(b"{\"model\":\"m\",\"x\":[}"),
+            Err(Error::InvalidJson(_))
+        ));
+    }
+
+    #[test]
+    fn unknown_fields_are_not_kept_and_what_is_kept_is_measured() {
+        let big = "x".repeat(1 << 20);
+        let body = format!(
+            r#"{{"model":"m","messages":[{{"role":"user","content":"hi"}}],"blob":"{big}"}}"#
+        );
+        let p = parse(body.as_bytes()).unwrap();
+        assert!(p.value.get("blob").is_none());
+        assert!(p.value.get("messages").is_some());
+        assert!(p.kept_bytes < 4096, "{}", p.kept_bytes);
+        // A kept field is counted at least at its size.
+        let body = format!(r#"{{"model":"m","messages":[{{"role":"user","content":"{big}"}}]}}"#);
+        let p = parse(body.as_bytes()).unwrap();
+        assert!(p.kept_bytes >= 1 << 20, "{}", p.kept_bytes);
     }
 
     #[test]

@@ -180,6 +180,9 @@ pub struct ServerConfig {
     pub linger_max_bytes: u64,
     /// … and for at most this long, ms.
     pub linger_timeout_ms: u64,
+    /// A response whose client accepts no bytes for this long is aborted (upstream cancelled,
+    /// every slot released, the connection closed), ms. nginx's `send_timeout`.
+    pub client_write_timeout_ms: u64,
     /// An idle connection (no request in flight) is closed after this long, ms.
     pub keepalive_timeout_ms: u64,
     /// Client connections open at once on the main listener (absent: derived from the
@@ -206,6 +209,7 @@ impl Default for ServerConfig {
             client_body_timeout_ms: 60_000,
             linger_max_bytes: 64 * 1024 * 1024,
             linger_timeout_ms: 10_000,
+            client_write_timeout_ms: 30_000,
             keepalive_timeout_ms: 75_000,
             max_connections: None,
             max_connections_per_ip: None,
@@ -239,6 +243,10 @@ pub struct SchedulerConfig {
     pub max_queued: usize,
     /// Default per-tenant queued request cap.
     pub max_queued_per_tenant: usize,
+    /// Request bytes (body + kept parsed form) queued or in flight in one pool, all tenants.
+    pub max_queued_bytes: u64,
+    /// Default per-tenant request bytes queued or in flight in one pool.
+    pub max_queued_bytes_per_tenant: u64,
     /// Pool slots kept for recovery keys.
     pub reserved_slots: usize,
     /// A batch request waiting longer than this ages into interactive.
@@ -254,6 +262,8 @@ impl Default for SchedulerConfig {
             quantum: 1024,
             max_queued: 10_000,
             max_queued_per_tenant: 1000,
+            max_queued_bytes: 512 * 1024 * 1024,
+            max_queued_bytes_per_tenant: 64 * 1024 * 1024,
             reserved_slots: 0,
             batch_max_wait_ms: 30_000,
             classes: ClassShares::default(),
@@ -350,6 +360,9 @@ pub struct PlanConfig {
     /// Per-tenant queued cap.
     #[serde(default)]
     pub max_queued: Option<usize>,
+    /// Per-tenant queued request bytes.
+    #[serde(default)]
+    pub max_queued_bytes: Option<u64>,
     /// Requests per minute (token bucket; optional, default unlimited).
     #[serde(default)]
     pub requests_per_minute: Option<u32>,
@@ -404,6 +417,9 @@ pub struct TenantConfig {
     /// Queued cap (overrides the plan's and the scheduler default).
     #[serde(default)]
     pub max_queued: Option<usize>,
+    /// Queued request bytes (overrides the plan's and the scheduler default).
+    #[serde(default)]
+    pub max_queued_bytes: Option<u64>,
     /// Env var holding this tenant's own provider key.
     #[serde(default)]
     pub upstream_api_key_env: Option<String>,
@@ -471,6 +487,13 @@ impl TenantConfig {
         self.max_queued
             .or_else(|| self.plan(config).and_then(|p| p.max_queued))
             .unwrap_or(config.scheduler.max_queued_per_tenant)
+    }
+
+    /// Queued request bytes: tenant > plan > `[scheduler] max_queued_bytes_per_tenant`.
+    pub fn effective_max_queued_bytes(&self, config: &Config) -> u64 {
+        self.max_queued_bytes
+            .or_else(|| self.plan(config).and_then(|p| p.max_queued_bytes))
+            .unwrap_or(config.scheduler.max_queued_bytes_per_tenant)
     }
 
     /// Admission limits: tenant > plan > `[admission]` defaults.

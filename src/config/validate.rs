@@ -32,6 +32,7 @@ fn env_name(key: String, var: &Option<String>) -> Result<(), ConfigError> {
 fn validate_connections(s: &super::ServerConfig) -> Result<(), ConfigError> {
     for (k, v) in [
         ("client_body_timeout_ms", s.client_body_timeout_ms),
+        ("client_write_timeout_ms", s.client_write_timeout_ms),
         ("keepalive_timeout_ms", s.keepalive_timeout_ms),
         ("http2_keepalive_interval_ms", s.http2_keepalive_interval_ms),
         (
@@ -182,6 +183,17 @@ pub fn validate(c: &Config) -> Result<(), ConfigError> {
     let s = &c.scheduler;
     if s.quantum == 0 {
         return Err(invalid("scheduler.quantum", "must be > 0"));
+    }
+    for (k, v) in [
+        ("scheduler.max_queued_bytes", s.max_queued_bytes),
+        (
+            "scheduler.max_queued_bytes_per_tenant",
+            s.max_queued_bytes_per_tenant,
+        ),
+    ] {
+        if v == 0 {
+            return Err(invalid(k, "must be > 0"));
+        }
     }
     if s.classes.interactive == 0 || s.classes.batch == 0 {
         return Err(invalid("scheduler.classes", "class shares must be > 0"));

@@ -16,7 +16,7 @@ mod outcome;
 mod request;
 mod tenant;
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use tokio::time::Instant;
@@ -56,6 +56,10 @@ pub struct Context {
     /// What the request actually cost, from the provider's usage (or the stated fallback).
     /// Writer: `usage`.
     usage: OnceLock<Usage>,
+    /// The client accepted no bytes of the response for `[server] client_write_timeout_ms`
+    /// and the response was aborted. Writer: the connection's write watchdog
+    /// (`server::stall`), before it drops the body (so the log line sees it).
+    stalled: AtomicBool,
 }
 
 /// The client connection's peer address, put in each request's extensions by the connection
@@ -126,6 +130,7 @@ impl Ctx {
             dispatch: OnceLock::new(),
             retries: AtomicU32::new(0),
             usage: OnceLock::new(),
+            stalled: AtomicBool::new(false),
         }))
     }
 }
@@ -229,6 +234,16 @@ impl Context {
     /// The actual cost, once `usage` has reconciled the response.
     pub fn usage(&self) -> Option<Usage> {
         self.usage.get().copied()
+    }
+
+    /// Whether the response was aborted because the client stopped reading it.
+    pub fn stalled(&self) -> bool {
+        self.stalled.load(Ordering::Relaxed)
+    }
+
+    /// Writer: the connection's write watchdog (`server::stall`).
+    pub fn set_stalled(&self) {
+        self.stalled.store(true, Ordering::Relaxed);
     }
 
     /// Writer: `tenant`.

@@ -23,8 +23,12 @@ pub struct Parsed {
     pub choices: u64,
     /// The field that gave [`Parsed::choices`], if not the default.
     pub choices_param: Option<&'static str>,
-    /// The whole document (kept once, shared).
+    /// The fields of the document fairgate reads (`body::KEPT_FIELDS`; kept once, shared).
+    /// Every other field stays only in the body bytes, which are forwarded as received.
     pub value: Arc<serde_json::Value>,
+    /// Bytes `value` holds (measured by `body::value_bytes`), counted with the body in the
+    /// byte budget (`queue::bytes`).
+    pub kept_bytes: u64,
 }
 
 /// The chosen upstream pool.

@@ -18,6 +18,8 @@ pub struct Tenant {
     pub max_concurrency: Option<usize>,
     /// Queued-requests cap.
     pub max_queued: usize,
+    /// Request bytes it may have queued or in flight in one pool (`max_queued_bytes`).
+    pub max_queued_bytes: u64,
     /// Default class of its requests.
     pub priority: Class,
     /// Its own provider key as a ready `Bearer …` header value (marked sensitive), if configured.

@@ -3,6 +3,15 @@
 //! client did not, and writes the context's [`Estimate`] for admission, the fair queue and the
 //! `usage` stage.
 //!
+//! Bounded work before admission: counting a body stops at `[estimate] max_exact_bytes` (the
+//! rest is extrapolated), so each request costs a fixed CPU budget. Large bodies are counted on
+//! the blocking pool, at most [`BLOCKING_PERMITS`] at once and at most [`BLOCKING_PER_TENANT`]
+//! of one tenant at once: a tenant flooding huge bodies waits for its own turns and holds at
+//! most half of the pool's, so another tenant's body finds a free turn (or waits behind at most
+//! one turn per other tenant, not behind the flood). Both turns move into the blocking task: a
+//! request cancelled while its body is counted keeps them until the counting ends, so
+//! cancelling cannot multiply the work in progress.
+//!
 //! Invariants: runs after routing (an unroutable model costs no counting) and before admission;
 //! a request without the context's identity or parsed body is a misordered stack (500); the
 //! body is rewritten at most once, and only to set `stream_options.include_usage = true` (that
@@ -20,19 +29,24 @@ use tokio::sync::Semaphore;
 
 use super::{Endpoint, Error, Estimate, Estimator, OutputKey};
 use crate::context::Parsed;
-use crate::domain::Charge;
+use crate::domain::{Charge, TenantId};
 use crate::response::ResponseBody;
 
 /// Bodies up to this size are counted on the runtime worker (well under a millisecond).
 pub const INLINE_MAX_BYTES: usize = 64 * 1024;
 /// Large bodies counted on the blocking pool at once; more wait for a turn.
 pub const BLOCKING_PERMITS: usize = 4;
+/// Large bodies of one tenant counted at once (half the turns): a flood leaves the rest free.
+pub const BLOCKING_PER_TENANT: usize = BLOCKING_PERMITS / 2;
 
-/// Holds the shared estimator and the blocking-pool semaphore (cloning shares both).
+/// Holds the shared estimator and the blocking-pool semaphores (cloning shares them).
 #[derive(Clone)]
 pub struct Layer {
     estimator: Arc<Estimator>,
     blocking: Arc<Semaphore>,
+    tenants: Arc<TenantTurns>,
+    /// Countings finished on the blocking pool (their turns are released right after).
+    counted: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Layer {
@@ -41,6 +55,62 @@ impl Layer {
         Self {
             estimator,
             blocking: Arc::new(Semaphore::new(BLOCKING_PERMITS)),
+            tenants: Arc::default(),
+            counted: Arc::default(),
+        }
+    }
+
+    /// Blocking-pool turns free now.
+    pub fn turns_free(&self) -> usize {
+        self.blocking.available_permits()
+    }
+
+    /// Countings finished on the blocking pool so far.
+    pub fn counted(&self) -> u64 {
+        self.counted.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// One semaphore of [`BLOCKING_PER_TENANT`] turns per tenant with a large body in counting;
+/// an entry goes when its last turn does (the map is bounded by the tenants counting).
+#[derive(Default)]
+struct TenantTurns(std::sync::Mutex<std::collections::HashMap<TenantId, Arc<Semaphore>>>);
+
+/// A tenant's turn; dropping it removes the tenant's entry once nobody holds or waits for it.
+struct TenantTurn {
+    turns: Arc<TenantTurns>,
+    tenant: TenantId,
+    permit: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+impl TenantTurns {
+    async fn acquire(self: &Arc<Self>, tenant: &TenantId) -> Option<TenantTurn> {
+        let sem = {
+            let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+            map.entry(tenant.clone())
+                .or_insert_with(|| Arc::new(Semaphore::new(BLOCKING_PER_TENANT)))
+                .clone()
+        };
+        let mut turn = TenantTurn {
+            turns: self.clone(),
+            tenant: tenant.clone(),
+            permit: None,
+        };
+        turn.permit = Some(sem.acquire_owned().await.ok()?);
+        Some(turn)
+    }
+}
+
+impl Drop for TenantTurn {
+    fn drop(&mut self) {
+        drop(self.permit.take());
+        let mut map = self.turns.0.lock().unwrap_or_else(|p| p.into_inner());
+        // Only the map holds it: nobody counts or waits for this tenant any more.
+        if map
+            .get(&self.tenant)
+            .is_some_and(|s| Arc::strong_count(s) == 1)
+        {
+            map.remove(&self.tenant);
         }
     }
 }
@@ -92,19 +162,31 @@ where
             let input = if req.body().len() <= INLINE_MAX_BYTES {
                 est.count(endpoint, &parsed.model, &parsed.value)
             } else {
+                // The tenant's turn first: a flood queues on its own semaphore, and the pool's
+                // queue holds at most a few waiters per tenant.
+                let own = layer
+                    .tenants
+                    .acquire(&tenant)
+                    .await
+                    .ok_or(Error::Counting)?;
                 let turn = layer
                     .blocking
                     .clone()
                     .acquire_owned()
                     .await
                     .map_err(|_| Error::Counting)?;
-                let (est, ctx) = (est.clone(), ctx.clone());
-                // The turn moves into the task: a client that goes away while its body is
-                // counted does not free the turn before the counting ends.
+                let (est, ctx, counted) = (est.clone(), ctx.clone(), layer.counted.clone());
+                // The turns move into the task: a client that goes away while its body is
+                // counted does not free them before the counting ends.
                 tokio::task::spawn_blocking(move || {
-                    let _turn = turn;
+                    // Dropped in this order: the pool's turn before the tenant's, so the tenant
+                    // never holds more pool turns than its own.
+                    let turns = (turn, own);
                     let parsed = ctx.request()?;
-                    Ok::<_, crate::Error>(est.count(endpoint, &parsed.model, &parsed.value))
+                    let n = est.count(endpoint, &parsed.model, &parsed.value);
+                    counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    drop(turns);
+                    Ok::<_, crate::Error>(n)
                 })
                 .await
                 .map_err(|_| Error::Counting)??
@@ -112,7 +194,7 @@ where
             let input = input?;
             let strip_usage = asks_usage_for_client(endpoint, parsed);
             if strip_usage {
-                if let Some(body) = with_include_usage(&parsed.value) {
+                if let Some(body) = with_include_usage(req.body(), &parsed.value) {
                     *req.body_mut() = body;
                 }
                 // The usage chunk is removed from the stream, which needs plain bytes: a coded
@@ -168,9 +250,21 @@ fn asks_usage_for_client(endpoint: Endpoint, p: &Parsed) -> bool {
             .is_none_or(|o| o.is_object() || o.is_null())
 }
 
-/// The body with `stream_options.include_usage = true`.
-fn with_include_usage(value: &Value) -> Option<Bytes> {
-    let mut v = value.clone();
+/// The body with `stream_options.include_usage = true`. The parsed form keeps only the fields
+/// fairgate reads (`body::KEPT_FIELDS`), so the body is rewritten from its bytes: without
+/// `stream_options` (the usual case) by inserting the member after the opening brace, every
+/// other byte as received; with one (an object or null), by parsing the whole body once more.
+fn with_include_usage(body: &Bytes, kept: &Value) -> Option<Bytes> {
+    if kept.get("stream_options").is_none() {
+        let open = body.iter().position(|b| *b == b'{')?;
+        const MEMBER: &[u8] = br#""stream_options":{"include_usage":true},"#;
+        let mut out = Vec::with_capacity(body.len() + MEMBER.len());
+        out.extend_from_slice(&body[..=open]);
+        out.extend_from_slice(MEMBER);
+        out.extend_from_slice(&body[open + 1..]);
+        return Some(Bytes::from(out));
+    }
+    let mut v: Value = serde_json::from_slice(body).ok()?;
     let obj = v.as_object_mut()?;
     let opts = obj
         .entry("stream_options")
@@ -181,4 +275,25 @@ fn with_include_usage(value: &Value) -> Option<Bytes> {
     opts.as_object_mut()?
         .insert("include_usage".into(), Value::Bool(true));
     serde_json::to_vec(&v).ok().map(Bytes::from)
+}
+
+#[cfg(test)]
+mod rewrite_tests {
+    use super::*;
+
+    #[test]
+    fn include_usage_is_added_and_unknown_fields_survive() {
+        let body = Bytes::from_static(br#" {"model":"m","stream":true,"blob":"zz","messages":[]}"#);
+        // The parsed form keeps no unknown field (`body::KEPT_FIELDS`).
+        let kept = serde_json::json!({"model":"m","stream":true,"messages":[]});
+        let out = with_include_usage(&body, &kept).unwrap();
+        let v: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["stream_options"]["include_usage"], true);
+        assert_eq!(v["blob"], "zz");
+        let body = Bytes::from_static(br#"{"model":"m","stream_options":null,"blob":1}"#);
+        let kept = serde_json::json!({"model":"m","stream_options":null});
+        let v: Value = serde_json::from_slice(&with_include_usage(&body, &kept).unwrap()).unwrap();
+        assert_eq!(v["stream_options"]["include_usage"], true);
+        assert_eq!(v["blob"], 1);
+    }
 }

@@ -225,3 +225,167 @@ fn choices_multiply_the_output_and_client_numbers_saturate() {
     assert_eq!(prompts(&json!({"prompt": "a"})), 1);
     assert_eq!(prompts(&json!({"prompt": []})), 1);
 }
+
+/// The estimate stage's blocking-pool turns: cancellation and one tenant's flood.
+mod turns {
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use bytes::Bytes;
+    use http::{Request, Response};
+    use serde_json::json;
+    use tower::{Layer as _, Service as _};
+
+    use crate::context::{Ctx, Identity, Tenant};
+    use crate::domain::{Class, TenantId, Weight};
+    use crate::estimate::layer::{Layer, BLOCKING_PERMITS, BLOCKING_PER_TENANT};
+    use crate::estimate::Estimator;
+    use crate::response::ResponseBody;
+
+    /// A chat request of `tenant` whose one message is `size` bytes of varied words (a fresh
+    /// text every call: no cache hit).
+    fn request(tenant: &str, size: usize) -> Request<Bytes> {
+        static SALT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let words = ["alpha ", "beta ", "gamma ", "delta ", "epsilon ", "zeta "];
+        let mut text = String::with_capacity(size);
+        let mut i = SALT.fetch_add(1_000_003, std::sync::atomic::Ordering::Relaxed);
+        while text.len() < size {
+            text.push_str(words[i % words.len()]);
+            text.push_str(&i.to_string());
+            i += 1;
+        }
+        let value = json!({"model": "gpt-4o", "messages": [{"role": "user", "content": text}]});
+        let body = Bytes::from(serde_json::to_vec(&value).unwrap());
+        let ctx = Ctx::new();
+        ctx.set_identity(Identity {
+            tenant: Arc::new(Tenant {
+                id: TenantId::new(tenant),
+                weight: Weight::new(1.0).unwrap(),
+                max_concurrency: None,
+                max_queued: 100,
+                max_queued_bytes: u64::MAX,
+                priority: Class::Interactive,
+                upstream_key: None,
+                forward_headers: Vec::new(),
+            }),
+            class: Class::Interactive,
+            recovery: false,
+        });
+        ctx.set_request(crate::context::Parsed {
+            model: "gpt-4o".into(),
+            stream: false,
+            include_usage: false,
+            max_tokens: Some(1),
+            max_tokens_param: "max_tokens",
+            choices: 1,
+            choices_param: None,
+            kept_bytes: 0,
+            value: Arc::new(value),
+        });
+        let mut req = Request::post("/v1/chat/completions").body(body).unwrap();
+        req.extensions_mut().insert(ctx);
+        req
+    }
+
+    type Done = Arc<Mutex<Vec<String>>>;
+
+    /// The stack below estimation: records whose request got through, in order.
+    fn recorder(
+        done: Done,
+    ) -> impl tower::Service<
+        Request<Bytes>,
+        Response = Response<ResponseBody>,
+        Error = crate::Error,
+        Future: Send,
+    > + Clone
+           + Send {
+        tower::service_fn(move |req: Request<Bytes>| {
+            let done = done.clone();
+            async move {
+                let ctx = crate::context::of(&req)?;
+                done.lock()
+                    .unwrap()
+                    .push(ctx.identity()?.tenant.id.as_str().to_owned());
+                Ok(Response::new(ResponseBody::empty()))
+            }
+        })
+    }
+
+    async fn until(mut cond: impl FnMut() -> bool) -> bool {
+        for _ in 0..2000 {
+            if cond() {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        cond()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_cancelled_counting_keeps_its_turn_until_it_ends() {
+        let layer = Layer::new(Arc::new(Estimator::with_defaults()));
+        let done: Done = Arc::default();
+        let mut svc = layer.layer(recorder(done.clone()));
+        // Counting stops at max_exact_bytes (256 KiB) of this body, far longer than the abort.
+        let task = tokio::spawn(svc.call(request("a", 1 << 20)));
+        assert!(until(|| layer.turns_free() < BLOCKING_PERMITS).await);
+        task.abort();
+        assert!(task.await.unwrap_err().is_cancelled());
+        // The client is gone; its counting is not: the turn stays taken until the count ends.
+        let (counted, free) = (layer.counted(), layer.turns_free());
+        assert_eq!(
+            counted, 0,
+            "the counting ended before the abort: enlarge the body"
+        );
+        assert_eq!(
+            free,
+            BLOCKING_PERMITS - 1,
+            "a cancelled request freed its turn early"
+        );
+        assert!(until(|| layer.counted() == 1).await);
+        assert!(until(|| layer.turns_free() == BLOCKING_PERMITS).await);
+        assert!(
+            done.lock().unwrap().is_empty(),
+            "nothing went past estimation"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn one_tenants_flood_of_huge_bodies_does_not_starve_anothers_estimation() {
+        const FLOOD: usize = 12;
+        let layer = Layer::new(Arc::new(Estimator::with_defaults()));
+        let done: Done = Arc::default();
+        let svc = layer.layer(recorder(done.clone()));
+        let flood: Vec<_> = (0..FLOOD)
+            .map(|_| tokio::spawn(svc.clone().call(request("flood", 100 * 1024))))
+            .collect();
+        // The flood holds its turns and queues the rest; sampled while it runs, it never holds
+        // more than its share (a sample can miss a breach, never invent one).
+        assert!(until(|| layer.turns_free() < BLOCKING_PERMITS).await);
+        let mut least_free = BLOCKING_PERMITS;
+        for _ in 0..50 {
+            least_free = least_free.min(layer.turns_free());
+            tokio::task::yield_now().await;
+        }
+        let victim = tokio::spawn(svc.clone().call(request("victim", 100 * 1024)));
+        victim.await.unwrap().unwrap();
+        for f in flood {
+            f.await.unwrap().unwrap();
+        }
+        let order = done.lock().unwrap().clone();
+        let ahead = order.iter().position(|t| t == "victim").unwrap();
+        println!(
+            "ISOLATION | huge-body counting flood ({FLOOD} bodies) | flood counts finished before the \
+             victim's = {ahead} | FIFO turns would put the victim behind ≥ {}",
+            FLOOD - BLOCKING_PERMITS
+        );
+        assert!(
+            least_free >= BLOCKING_PERMITS - BLOCKING_PER_TENANT,
+            "the flood held {} turns",
+            BLOCKING_PERMITS - least_free
+        );
+        // The victim found a free turn: it did not wait for the whole flood.
+        assert!(ahead < FLOOD, "{order:?}");
+        assert_eq!(order.len(), FLOOD + 1);
+    }
+}

@@ -200,6 +200,11 @@ struct Done {
 
 impl Drop for Done {
     fn drop(&mut self) {
+        if self.record.ctx.stalled() && self.refused.is_none() {
+            // The client stopped reading: the response was cut (see `server::stall`).
+            self.refused = Some("client_stalled");
+            self.record.tenant.rejected("client_stalled");
+        }
         let r = &self.record;
         let total = r.start.elapsed();
         let t = &r.tenant;

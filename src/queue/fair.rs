@@ -41,6 +41,18 @@ pub enum QueueError {
     /// The tenant is not configured on this pool (config changed underneath).
     #[error("tenant is not configured")]
     UnknownTenant,
+    /// The tenant's request bytes in this pool are at `max_queued_bytes`.
+    #[error("too many queued request bytes for this tenant; retry after {}s", retry_after.as_secs())]
+    TenantBytes {
+        /// Estimated time until the pool has served what it holds.
+        retry_after: Duration,
+    },
+    /// The pool's request bytes are at `[scheduler] max_queued_bytes`.
+    #[error("the upstream pool holds too many request bytes; retry after {}s", retry_after.as_secs())]
+    PoolBytes {
+        /// Estimated time until the pool has served what it holds.
+        retry_after: Duration,
+    },
     /// The request's deadline passed while queued; it was removed before dispatch.
     #[error("the request waited its whole deadline ({} ms) in the queue and was not sent upstream", budget.as_millis())]
     DeadlineExceeded {
@@ -97,6 +109,7 @@ pub struct WaitInputs {
 pub struct FairQueue {
     pub(super) inner: Mutex<Inner>,
     epoch: Instant,
+    bytes: Arc<super::bytes::ByteBudget>,
 }
 
 impl FairQueue {
@@ -119,6 +132,7 @@ impl FairQueue {
                 hook: None,
             }),
             epoch: Instant::now(),
+            bytes: super::bytes::ByteBudget::new(u64::MAX),
         })
     }
 
@@ -225,6 +239,18 @@ impl FairQueue {
     /// listed keep their spec: their queued and in-flight requests drain as usual (the proxy
     /// refuses their keys before anything reaches the queue). Dispatches what the new settings
     /// make room for.
+    /// The pool's byte budget (`[scheduler] max_queued_bytes`, see `queue::bytes`).
+    pub fn bytes(&self) -> &Arc<super::bytes::ByteBudget> {
+        &self.bytes
+    }
+
+    /// The time this pool needs to serve `requests` at its recent service time (≥ 1 s): the
+    /// honest Retry-After of a refusal for what the pool holds.
+    pub fn drain_time(&self, requests: usize) -> Duration {
+        let inner = self.lock();
+        super::bytes::drain(requests, inner.service_s, inner.sched.config().capacity)
+    }
+
     pub fn reconfigure(
         self: &Arc<Self>,
         scheduler: scheduler::Config,
@@ -406,9 +432,11 @@ impl Inner {
     /// A queue-full error with an honest Retry-After: the time the pool needs to serve what is
     /// queued ahead at its recent rate (queued × mean service time / capacity), at least 1 s.
     fn full_error(&self, full: QueueFull) -> QueueError {
-        let cap = f64::from(self.sched.config().capacity.max(1));
-        let secs = (self.sched.queued() as f64 * self.service_s / cap).ceil();
-        let retry_after = Duration::from_secs(secs.clamp(1.0, 3600.0) as u64);
+        let retry_after = super::bytes::drain(
+            self.sched.queued(),
+            self.service_s,
+            self.sched.config().capacity,
+        );
         match full {
             QueueFull::Tenant => QueueError::TenantFull { retry_after },
             QueueFull::Pool => QueueError::PoolFull { retry_after },

@@ -154,15 +154,19 @@ impl ApiError for QueueError {
     }
     fn limit(&self) -> Option<&'static str> {
         match self {
-            QueueError::TenantFull { .. } | QueueError::PoolFull { .. } => Some("queue"),
+            QueueError::TenantFull { .. }
+            | QueueError::PoolFull { .. }
+            | QueueError::TenantBytes { .. }
+            | QueueError::PoolBytes { .. } => Some("queue"),
             _ => None,
         }
     }
     fn retry_after(&self) -> Option<std::time::Duration> {
         match self {
-            QueueError::TenantFull { retry_after } | QueueError::PoolFull { retry_after } => {
-                Some(*retry_after)
-            }
+            QueueError::TenantFull { retry_after }
+            | QueueError::PoolFull { retry_after }
+            | QueueError::TenantBytes { retry_after }
+            | QueueError::PoolBytes { retry_after } => Some(*retry_after),
             _ => None,
         }
     }
@@ -170,6 +174,8 @@ impl ApiError for QueueError {
         match self {
             QueueError::TenantFull { .. } => "tenant_queue_full",
             QueueError::PoolFull { .. } => "pool_queue_full",
+            QueueError::TenantBytes { .. } => "tenant_queue_bytes",
+            QueueError::PoolBytes { .. } => "pool_queue_bytes",
             QueueError::UnknownTenant => "unknown_tenant",
             QueueError::DeadlineExceeded { .. } => "deadline_exceeded",
         }

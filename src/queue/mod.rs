@@ -11,7 +11,10 @@
 //!   aborted, future cancelled) returns its slot exactly once and dispatches the next request.
 //! - Permits dropped inside the lock's scope are never released there (that would re-enter the
 //!   mutex): they are collected and dropped after unlocking.
+//! - Request bytes held per pool and tenant are bounded (`bytes`, a reservation released on
+//!   `Drop`).
 
+pub mod bytes;
 mod fair;
 mod layer;
 mod permit;

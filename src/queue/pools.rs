@@ -68,5 +68,9 @@ pub fn pool(
         scheduler: scheduler_config(&config.scheduler, u.max_concurrency),
         estimator: estimator.clone(),
     };
-    FairQueue::new(settings, tenants)
+    let queue = FairQueue::new(settings, tenants);
+    queue
+        .bytes()
+        .set_pool_max(config.scheduler.max_queued_bytes);
+    queue
 }

@@ -6,6 +6,10 @@
 //! h2: GOAWAY, open streams finish) when it has been idle for `[server] keepalive_timeout_ms`,
 //! when the registry sheds it, or when the server stops.
 //!
+//! Each response body is put under the write watchdog (`super::stall`, `[server]
+//! client_write_timeout_ms`): when its client stalls, the body is dropped (every slot released)
+//! and the connection is closed at once — the response in flight cannot be finished anyway.
+//!
 //! Invariants: graceful shutdown is started at most once; the idle timer is re-armed only when
 //! it fires (a request costs two atomic updates, not a timer update); a 408 on HTTP/1 carries
 //! `Connection: close` (the rest of that body is never read).
@@ -23,7 +27,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
 use super::connections::{Busy, Entry};
@@ -42,9 +46,11 @@ pub async fn serve<I>(
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    let abort = Arc::new(Notify::new());
     let tracked = Tracked {
         inner: service,
         entry: entry.clone(),
+        abort: abort.clone(),
     };
     let conn = builder.serve_connection(TokioIo::new(io), tracked);
     tokio::pin!(conn);
@@ -55,6 +61,8 @@ where
             .unwrap_or_else(|| Instant::now() + keepalive);
         tokio::select! {
             result = conn.as_mut() => return result,
+            // A response's client stalled (its body is already dropped): close at once.
+            _ = abort.notified() => return Err("a response's client stalled".into()),
             _ = stop.wait_for(|s| *s), if !closing => {}
             _ = entry.shed_requested(), if !closing => {}
             _ = tokio::time::sleep_until(deadline), if !closing => {
@@ -73,6 +81,8 @@ where
 struct Tracked {
     inner: LiveService,
     entry: Arc<Entry>,
+    /// Pinged by a response's write watchdog when its client stalls.
+    abort: Arc<Notify>,
 }
 
 impl hyper::service::Service<Request<Incoming>> for Tracked {
@@ -91,6 +101,8 @@ impl hyper::service::Service<Request<Incoming>> for Tracked {
             inner: self.inner.call(req),
             busy: Some(busy),
             h1,
+            timeout: self.inner.client_write_timeout(),
+            abort: self.abort.clone(),
         }
     }
 }
@@ -102,6 +114,8 @@ pin_project_lite::pin_project! {
         inner: F,
         busy: Option<Busy>,
         h1: bool,
+        timeout: Duration,
+        abort: Arc<Notify>,
     }
 }
 
@@ -119,15 +133,21 @@ where
                 .insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         let busy = this.busy.take();
-        Poll::Ready(Ok(res.map(|inner| TrackedBody { inner, _busy: busy })))
+        let ctx = res.extensions().get::<crate::context::Ctx>().cloned();
+        let (timeout, abort) = (*this.timeout, this.abort.clone());
+        Poll::Ready(Ok(res.map(|body| TrackedBody {
+            inner: super::stall::watch(body, ctx, timeout, abort),
+            _busy: busy,
+        })))
     }
 }
 
 pin_project_lite::pin_project! {
-    /// A response body that keeps its connection busy until it is dropped.
+    /// A response body under the write watchdog that keeps its connection busy until it is
+    /// dropped.
     pub struct TrackedBody {
         #[pin]
-        inner: ResponseBody,
+        inner: super::stall::Watched,
         _busy: Option<Busy>,
     }
 }

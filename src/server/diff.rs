@@ -88,10 +88,11 @@ pub fn pin_restart_only(old: &Config, new: &mut Config) -> Vec<&'static str> {
 /// A tenant's effective settings, as compared across reloads.
 fn tenant_print(t: &TenantConfig, c: &Config) -> String {
     format!(
-        "{t:?} {:?} {:?} {:?} {:?}",
+        "{t:?} {:?} {:?} {:?} {:?} {:?}",
         t.effective_weight(c),
         t.effective_max_concurrency(c),
         t.effective_max_queued(c),
+        t.effective_max_queued_bytes(c),
         t.effective_limits(c)
     )
 }

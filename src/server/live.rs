@@ -161,6 +161,19 @@ impl LiveService {
     pub fn new(live: Arc<Live>, ops: bool) -> Self {
         Self { live, ops }
     }
+
+    /// `[server] client_write_timeout_ms` of the generation in force.
+    pub fn client_write_timeout(&self) -> Duration {
+        Duration::from_millis(
+            self.live
+                .current
+                .load()
+                .state
+                .config
+                .server
+                .client_write_timeout_ms,
+        )
+    }
 }
 
 /// This thread's stacks of the generation it last served (see the module docs).

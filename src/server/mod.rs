@@ -13,6 +13,7 @@ pub mod diff;
 pub mod live;
 pub mod ops;
 mod reload;
+pub mod stall;
 mod tls;
 pub mod workers;
 
@@ -73,6 +74,8 @@ pub struct State {
     pub reloader: Option<Weak<dyn crate::admin::Reload>>,
     /// Cluster mode (`[cluster]`): shared capacity, fairness and rate limits.
     pub cluster: Option<Arc<crate::cluster::Cluster>>,
+    /// Request bytes held per tenant, all pools (`max_queued_bytes`; kept across reloads).
+    pub tenant_bytes: queue::bytes::TenantBudget,
     /// Where the `*_env` settings are read from (at startup and at each reload).
     pub env: Env,
 }
@@ -154,6 +157,10 @@ impl State {
             crate::cluster::Cluster::new(link, store, &config, &pools, &admission)
         });
         Ok(Self {
+            tenant_bytes: queue::bytes::TenantBudget {
+                bytes: queue::bytes::ByteBudget::new(u64::MAX),
+                pools: pools.clone(),
+            },
             cluster,
             metrics,
             admin_token,
@@ -244,9 +251,14 @@ where
         // Read the (bounded) body once and parse it once; estimation and routing need it.
         .layer(body::Layer {
             max_body_bytes: state.config.server.max_body_bytes,
+            budget: state.tenant_bytes.clone(),
         })
         // Pick the upstream pool from the model: the fair queue below is per pool.
         .layer(route::Layer(state.router.clone()))
+        // Memory bounded in bytes: as soon as the pool is known (the body is read and parsed),
+        // before any counting, the request's bytes are reserved against the pool's and the
+        // tenant's `max_queued_bytes`; the reservation lives in the response body.
+        .layer(queue::bytes::Layer(state.pools.clone()))
         // Count input tokens (after routing: an unroutable model costs no counting) and ask for
         // usage on a stream's behalf; admission and the queue below price the request from it.
         .layer(estimate::Layer::new(state.estimator.clone()))
@@ -652,6 +664,7 @@ mod tests {
             .layer(tenant::Layer(s.tenants.clone()))
             .layer(body::Layer {
                 max_body_bytes: 1 << 20,
+                budget: s.tenant_bytes.clone(),
             })
             .layer(route::Layer(s.router.clone()))
             .layer(admission::Layer(s.admission.clone()))
@@ -665,6 +678,7 @@ mod tests {
             .layer(tenant::Layer(s.tenants.clone()))
             .layer(body::Layer {
                 max_body_bytes: 1 << 20,
+                budget: s.tenant_bytes.clone(),
             })
             .layer(route::Layer(s.router.clone()))
             .layer(estimate::Layer::new(s.estimator.clone()))

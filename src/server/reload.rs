@@ -84,6 +84,7 @@ impl State {
                 Some((pool, cap)) => {
                     let settings = queue::scheduler_config(&config.scheduler, u.max_concurrency);
                     pool.reconfigure(settings, &specs);
+                    pool.bytes().set_pool_max(config.scheduler.max_queued_bytes);
                     cap.reconfigure(max, reserved);
                     (pool.clone(), cap.clone())
                 }
@@ -101,6 +102,10 @@ impl State {
             .admission
             .reloaded(&config, pools.clone(), capacity.into());
         let state = State {
+            tenant_bytes: crate::queue::bytes::TenantBudget {
+                bytes: self.tenant_bytes.bytes.clone(),
+                pools: pools.clone(),
+            },
             metrics: self.metrics.reloaded(&config),
             admin_token,
             admission,

@@ -26,6 +26,8 @@ struct Req {
     estimate: u64,
     arrived_us: u64,
     attempts: u32,
+    /// Extra slot time of a slow-reading client, ms.
+    hold_ms: f64,
 }
 
 enum Done {
@@ -77,6 +79,10 @@ pub fn run(scenario: &Scenario, policy: Policy) -> Report {
                     estimate,
                     arrived_us: (t * 1000.0) as u64,
                     attempts: 0,
+                    hold_ms: spec
+                        .hold_ms
+                        .as_ref()
+                        .map_or(0.0, |d| d.sample(&mut rng, 0.0)),
                 };
                 arrivals.push((req.arrived_us, req));
             }
@@ -176,8 +182,9 @@ pub fn run(scenario: &Scenario, policy: Policy) -> Report {
                 (now + 50_000, Done::Overloaded(req, g.slot))
             } else {
                 rec.dispatched(req.tenant, now - req.arrived_us, req.actual, &backlog);
-                let service =
-                    pool.service_ms + pool.service_ms_per_1k_tokens * req.actual as f64 / 1000.0;
+                let service = pool.service_ms
+                    + pool.service_ms_per_1k_tokens * req.actual as f64 / 1000.0
+                    + req.hold_ms;
                 (now + (service * 1000.0) as u64, Done::Served(req, g.slot))
             };
             done.push(Reverse((finish, pending.len() as u64)));

@@ -1,5 +1,6 @@
 //! `fairgate simulate`: a deterministic what-if run of a scenario through the real scheduler on
-//! a virtual clock. See `scenarios/` for the seven scenarios of the design.
+//! a virtual clock. See `scenarios/` for the seven scenarios of the design, and issue 13's
+//! non-reading client (`non-reading-client.toml`, a tenant's `hold_ms`).
 //!
 //! Invariant: the simulator drives `crate::scheduler::Scheduler` (and the AIMD limiter) exactly
 //! as the proxy does — enqueue, dispatch with the estimate of the moment, complete, reconcile —

@@ -89,6 +89,10 @@ pub struct TenantSpec {
     /// actual / estimated: 1 = exact estimates, 3–10 = chronic under-estimate.
     #[serde(default)]
     pub actual_over_estimate: Option<Dist>,
+    /// Extra time, ms, each of its requests keeps its slot after the answer is ready: a client
+    /// that reads slowly or not at all (in fairgate, cut at `[server] client_write_timeout_ms`).
+    #[serde(default)]
+    pub hold_ms: Option<Dist>,
 }
 
 fn one() -> f64 {

@@ -99,3 +99,20 @@ fn bad_scenarios_are_refused_with_the_key() {
     let e = Scenario::from_toml("name='x'\nduration_s=1\n[pool]\ncapacity=0\nservice_ms=1\n[[tenants]]\nid='a'\narrivals={kind='steady',per_minute=1}\ncost={dist='const',value=1}").unwrap_err();
     assert!(e.to_string().contains("capacity"), "{e}");
 }
+
+#[test]
+fn non_reading_client_holds_slots_but_quiet_tenants_wait_about_one_hold() {
+    let (fifo, drr) = both("non-reading-client");
+    let hold_s = 2.0 + 30.0;
+    let (f, d) = (fifo.row("quiet").unwrap(), drr.row("quiet").unwrap());
+    println!(
+        "ISOLATION | non-reading client (simulate scenarios/non-reading-client.toml) | quiet \
+         tenants' max wait DRR ÷ FIFO = {:.3} | DRR {:.0} s, FIFO {:.0} s",
+        d.wait_max_s / f.wait_max_s,
+        d.wait_max_s,
+        f.wait_max_s
+    );
+    assert!(f.wait_max_s > 10.0 * hold_s, "FIFO: {fifo}");
+    assert!(d.wait_max_s <= hold_s, "DRR: {drr}");
+    assert_eq!(d.served, f.served);
+}

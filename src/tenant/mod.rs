@@ -119,6 +119,7 @@ impl Directory {
                 weight: t.effective_weight(config),
                 max_concurrency: t.effective_max_concurrency(config),
                 max_queued: t.effective_max_queued(config),
+                max_queued_bytes: t.effective_max_queued_bytes(config),
                 priority: t.priority,
                 upstream_key,
                 forward_headers: t

@@ -1,0 +1,22 @@
+//! The hostile-tenant suite (issue 13): for each attack, a victim tenant's requests are served
+//! while an attacker does its worst, with the attacker's effect printed as a figure (victim
+//! requests served under attack ÷ alone, or the victim's share of a resource) measured in the
+//! same run. Assertions are on counts, ratios and bounds, never on wall time; every load loop is
+//! bounded in count and time.
+//!
+//! Run with `cargo test --test hostile -- --nocapture` to see the figures (one `ISOLATION` line
+//! per attack; README's and BENCHMARKS.md's "Isolation" tables quote them).
+
+mod common;
+
+#[path = "hostile/attacks.rs"]
+mod attacks;
+
+#[path = "hostile/bytes.rs"]
+mod bytes;
+
+#[path = "hostile/stall.rs"]
+mod stall;
+
+#[path = "hostile/support.rs"]
+mod support;
