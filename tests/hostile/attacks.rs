@@ -1,13 +1,11 @@
 //! The other attacks of issue 13, each with a victim served beside it and the attacker's effect
-//! printed as a figure. Cases whose protection is built on other branches (per-key capacity,
-//! retry waits, header stripping, trusted sources) assert what holds here — the victim is
-//! served — and print the figure that the merge must improve (marked `after merge` below).
+//! printed as a figure and asserted as a bound.
 
 use std::time::Duration;
 
 use fairgate::mock::MockConfig;
 
-use crate::common::{chat, config, mock_with, post, proxy, send, KEY_A, KEY_B};
+use crate::common::{chat, config, mock_with, post, proxy, proxy_with_env, send, KEY_A, KEY_B};
 use crate::support::{figure, scrape, throughput_ratio, value, victim_run};
 
 const VICTIM: usize = 6;
@@ -16,6 +14,19 @@ const VICTIM: usize = 6;
 /// until `stop` is set or each has been sent `rounds` times (bounded in count).
 fn flood(
     addr: std::net::SocketAddr,
+    n: usize,
+    rounds: usize,
+    body: String,
+    headers: Vec<(&'static str, &'static str)>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> Vec<tokio::task::JoinHandle<Vec<u16>>> {
+    flood_as(addr, KEY_A, n, rounds, body, headers, stop)
+}
+
+/// [`flood`] as the tenant of `key`.
+fn flood_as(
+    addr: std::net::SocketAddr,
+    key: &'static str,
     n: usize,
     rounds: usize,
     body: String,
@@ -34,7 +45,7 @@ fn flood(
                     let r = send(post(
                         addr,
                         "/v1/chat/completions",
-                        Some(KEY_A),
+                        Some(key),
                         &body,
                         &headers,
                     ))
@@ -114,17 +125,23 @@ async fn a_tenant_flooding_maximum_size_requests() {
 
 #[tokio::test]
 async fn a_retry_storm_and_an_exhausted_key() {
-    // On this branch a tenant's own exhausted key is played by the provider answering every
-    // attacker request 429 (`x-mock-status`); per-key capacity (issue 13 point 2) and capped
-    // retry waits (point 5) land on other branches. After merge: re-run, and expect the ratio
-    // near 1 and `fairgate_upstream_limit` of the shared pool unchanged.
+    // Tenant b brings its own provider key, and that key is exhausted: the provider answers
+    // every request made with it 429 (played by `x-mock-status` on b's requests). Its pause is
+    // b's alone: the pool's learned limit stays, b is refused at once without retries holding
+    // slots, and the victim (tenant a, on the pool key) keeps its throughput.
     let mock = mock_with(slow_mock()).await;
-    let toml = config(&mock.base_url(), "", "max_concurrency = 2", "");
-    let proxy = proxy(&toml).await;
-    let alone = victim_run(proxy.addr, &mock.stats, KEY_B, VICTIM, &[]).await;
+    let toml = config(
+        &mock.base_url(),
+        "",
+        "max_concurrency = 2",
+        "upstream_api_key_env = \"FG_HOSTILE_OWN_KEY\"",
+    );
+    let proxy = proxy_with_env(&toml, &[("FG_HOSTILE_OWN_KEY", "sk-exhausted")]).await;
+    let alone = victim_run(proxy.addr, &mock.stats, KEY_A, VICTIM, &[]).await;
     let stop = std::sync::Arc::default();
-    let tasks = flood(
+    let tasks = flood_as(
         proxy.addr,
+        KEY_B,
         8,
         10,
         chat("gpt-4o-mini"),
@@ -132,23 +149,44 @@ async fn a_retry_storm_and_an_exhausted_key() {
         std::sync::Arc::clone(&stop),
     );
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let attacked = victim_run(proxy.addr, &mock.stats, KEY_B, VICTIM, &[]).await;
+    let attacked = victim_run(proxy.addr, &mock.stats, KEY_A, VICTIM, &[]).await;
     let statuses = stop_all(&stop, tasks).await;
     let metrics = scrape(proxy.addr).await;
     let limit = value(&metrics, "fairgate_upstream_limit", &[]);
+    let ratio = throughput_ratio(&alone, &attacked);
+    let own_key_requests = mock
+        .stats
+        .seen_authorization()
+        .iter()
+        .flatten()
+        .filter(|a| a.contains("sk-exhausted"))
+        .count();
     figure(
-        "retry storm / own key exhausted (every attacker answer 429; pool of 2)",
+        "own provider key exhausted (every answer to it 429; 8 clients; pool of 2)",
         "victim throughput under attack / alone",
-        throughput_ratio(&alone, &attacked),
+        ratio,
         &format!(
-            "learned pool limit after: {limit}; attacker got {} answers, {} of them 429 \
-             (re-run after merge of per-key capacity)",
+            "learned pool limit after: {limit}; attacker got {} answers, all 429; {own_key_requests} \
+             of them reached the provider",
             statuses.len(),
-            statuses.iter().filter(|s| **s == 429).count()
         ),
     );
     assert_eq!(attacked.ok, VICTIM, "the victim is served during the storm");
     assert!(statuses.iter().all(|s| *s == 429), "{statuses:?}");
+    assert_eq!(
+        limit, 2.0,
+        "the pool's learned limit is the pool key's alone"
+    );
+    assert!(
+        ratio >= 0.6,
+        "victim throughput under attack / alone = {ratio:.2}"
+    );
+    assert!(
+        own_key_requests * 4 <= statuses.len(),
+        "the paused key is refused by fairgate, not retried at the provider: \
+         {own_key_requests} of {} reached it",
+        statuses.len()
+    );
 }
 
 #[tokio::test]
@@ -180,10 +218,11 @@ async fn spoofed_operator_headers() {
         "spoofed operator headers (openai-organization, openai-project, x-api-key, api-key, x-fairgate-*)",
         "spoofed headers that reached the provider",
         reached as f64,
-        "3 attacker requests × 5 headers; re-run after merge of header stripping",
+        "3 attacker requests × 5 headers",
     );
     assert_eq!(attacker.ok, 3);
     assert_eq!(victim.ok, VICTIM);
+    assert_eq!(reached, 0, "spoofed operator headers reached the provider");
     // The tenant's own key never reaches the provider, whatever it sends.
     assert!(mock
         .stats
@@ -195,13 +234,13 @@ async fn spoofed_operator_headers() {
 
 #[tokio::test]
 async fn spoofed_sidecar_header() {
-    // Sidecar mode: `tenant_header` names the tenant. `trusted_sources` (issue 13 point 7)
-    // lands on another branch; this run is from loopback, which stays trusted by default there.
-    // After merge: re-run with trusted_sources excluding 127.0.0.1, expect 0 charged to b.
+    // Sidecar mode: `tenant_header` names the tenant, trusted only from `trusted_sources` —
+    // here a range the test's loopback clients are not in, so the header is ignored and a key
+    // is required: the attacker's requests are its own (tenant a), none is charged to b.
     let mock = mock_with(slow_mock()).await;
     let toml = config(
         &mock.base_url(),
-        "tenant_header = \"x-tenant-id\"",
+        "tenant_header = \"x-tenant-id\"\ntrusted_sources = [\"10.0.0.0/8\"]",
         "max_concurrency = 2",
         "",
     );
@@ -222,16 +261,18 @@ async fn spoofed_sidecar_header() {
         "fairgate_requests_total",
         &[("tenant", "b"), ("status", "200")],
     );
+    let spoofed_share = (charged_b - VICTIM as f64) / 3.0;
     figure(
-        "spoofed sidecar header (x-tenant-id naming the victim, from loopback)",
+        "spoofed sidecar header (x-tenant-id naming the victim, from an untrusted address)",
         "spoofed requests charged to the victim / sent",
-        (charged_b - VICTIM as f64) / 3.0,
+        spoofed_share,
         &format!(
-            "{} spoofed requests answered; re-run after merge of trusted_sources",
+            "{} spoofed requests answered (as the attacker's own)",
             spoofed.ok
         ),
     );
     assert_eq!(victim.ok, VICTIM);
+    assert_eq!(spoofed_share, 0.0, "a spoofed header charged the victim");
 }
 
 #[tokio::test]
