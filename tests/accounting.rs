@@ -109,7 +109,11 @@ fn reported(body: &[u8]) -> Option<(u64, u64)> {
             .collect()
     };
     docs.iter().rev().find_map(|d| {
-        let u = d.get("usage").filter(|u| u.is_object())?;
+        // OpenAI's place, else Groq's (`x_groq.usage` on a stream's last chunk).
+        let u = d
+            .get("usage")
+            .filter(|u| u.is_object())
+            .or_else(|| d.get("x_groq")?.get("usage").filter(|u| u.is_object()))?;
         let input = u["prompt_tokens"].as_u64()?;
         Some((input, u["completion_tokens"].as_u64().unwrap_or(0)))
     })
@@ -331,4 +335,87 @@ async fn a_compressed_stream_reaches_the_client_event_by_event() {
     while let Some(Ok(_)) = body.frame().await {}
     let (_, reconciled) = counters(proxy.addr, "acct-live").await;
     assert!(reconciled > 20, "usage read after the stream: {reconciled}");
+}
+
+/// The same accounting, table-driven across every provider profile of the mock (the idealised
+/// dialect, OpenAI's compressing one, vLLM's usage-on-the-last-content-chunk, Groq's
+/// `x_groq.usage`, and the rough one with CRLF, keep-alive comments and usage details): a JSON
+/// answer, a stream whose client asked for usage, and a stream fairgate asked usage for on the
+/// client's behalf. Each is reconciled to exactly what that provider reported.
+#[tokio::test]
+async fn every_provider_profile_is_reconciled_to_what_it_reported() {
+    const USAGE: &str = r#""stream":true,"stream_options":{"include_usage":true},"max_tokens":24,"#;
+    const PLAIN_STREAM: &str = r#""stream":true,"max_tokens":24,"#;
+    let profiles = [
+        Profile::Ideal,
+        Profile::Openai,
+        Profile::Vllm,
+        Profile::Groq,
+        Profile::Rough,
+    ];
+    let mut table =
+        String::from("| profile | answer | reconciled | provider-reported |\n|---|---|---|---|\n");
+    for profile in profiles {
+        let mock = mock_profile(profile).await;
+        let proxy = proxy(&config(&mock.base_url(), "", "", "")).await;
+        let rows = [
+            (
+                "JSON",
+                chat("prof-json", r#""max_tokens":24,"#),
+                vec![("accept-encoding", "gzip, br")],
+            ),
+            (
+                "SSE, usage asked by the client",
+                chat("prof-sse", USAGE),
+                vec![("accept-encoding", "gzip")],
+            ),
+            (
+                "SSE, usage asked by fairgate",
+                chat("prof-sse-ours", PLAIN_STREAM),
+                vec![],
+            ),
+        ];
+        for (name, body, headers) in rows {
+            let model = serde_json::from_str::<Value>(&body).unwrap()["model"]
+                .as_str()
+                .unwrap()
+                .to_owned();
+            let res = send_cut(post(
+                proxy.addr,
+                "/v1/chat/completions",
+                Some(KEY_A),
+                &body,
+                &headers,
+            ))
+            .await;
+            assert_eq!(res.status, 200, "{profile:?} {name}: {:?}", res.body);
+            let seen = decoded(&res.headers, &res.body, false);
+            // What the provider reports: from the answer, or — when fairgate asked for usage
+            // and removed it (or the provider sends usage only when asked) — asked directly.
+            let provider = match reported(&seen) {
+                Some(u) if name != "SSE, usage asked by fairgate" => Some(u),
+                _ => {
+                    let direct = body.replace(
+                        r#""stream":true,"#,
+                        r#""stream":true,"stream_options":{"include_usage":true},"#,
+                    );
+                    let d = send(post(mock.addr, "/v1/chat/completions", None, &direct, &[])).await;
+                    reported(&decoded(&d.headers, &d.body, false))
+                }
+            };
+            let (i, o) =
+                provider.unwrap_or_else(|| panic!("{profile:?} {name}: no usage reported"));
+            let (_, reconciled) = counters(proxy.addr, &model).await;
+            table.push_str(&format!(
+                "| {profile:?} | {name} | {reconciled} | {} ({i} in + {o} out) |\n",
+                i + o
+            ));
+            assert_eq!(
+                reconciled,
+                i + o,
+                "{profile:?} {name}: reconciled == provider-reported"
+            );
+        }
+    }
+    println!("\n{table}");
 }

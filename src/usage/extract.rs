@@ -3,7 +3,7 @@
 //!
 //! Shapes: chat/completions `usage.prompt_tokens`/`completion_tokens`; Responses API
 //! `usage.input_tokens`/`output_tokens` (top level, or under `response` in streamed events);
-//! embeddings `usage.prompt_tokens` only. Text: `choices[].delta.content` (chat chunks),
+//! embeddings `usage.prompt_tokens` only; Groq's streams `x_groq.usage` (on the last chunk). Text: `choices[].delta.content` (chat chunks),
 //! `choices[].message.content` (chat JSON), `choices[].text` (completions), a string `delta`
 //! (Responses `*.delta` events), and tool-call arguments.
 //!
@@ -37,6 +37,8 @@ struct Doc<'a> {
     usage: Option<Usage>,
     #[serde(default)]
     response: Option<Inner>,
+    #[serde(default)]
+    x_groq: Option<Inner>,
     #[serde(default, borrow)]
     choices: Option<Vec<Choice<'a>>>,
     #[serde(default, borrow)]
@@ -156,7 +158,10 @@ impl Tally {
             self.malformed += 1;
             return Seen::default();
         };
-        let usage = doc.usage.or(doc.response.and_then(|r| r.usage));
+        let usage = doc
+            .usage
+            .or(doc.response.and_then(|r| r.usage))
+            .or(doc.x_groq.and_then(|g| g.usage));
         let choices = doc.choices.unwrap_or_default();
         let usage_only = usage.is_some() && choices.is_empty();
         for c in &choices {
@@ -237,6 +242,21 @@ fn closes_outermost(rest: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn groq_streams_carry_usage_under_x_groq() {
+        let mut t = Tally::new(1 << 10);
+        let chunk = br#"{"choices":[{"delta":{},"finish_reason":"stop"}],"x_groq":{"id":"req_1","usage":{"prompt_tokens":12,"completion_tokens":30,"total_tokens":42}}}"#;
+        let seen = t.observe(chunk);
+        assert_eq!(
+            seen.usage,
+            Some(Usage {
+                prompt_tokens: Some(12),
+                completion_tokens: Some(30)
+            })
+        );
+        assert!(!seen.usage_only, "a content chunk, never stripped");
+    }
 
     #[test]
     fn reads_every_usage_shape_and_text() {
