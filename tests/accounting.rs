@@ -141,24 +141,9 @@ async fn send_cut(req: Request<Full<Bytes>>) -> Collected {
         .expect("response within the safety timeout")
 }
 
-async fn scrape(addr: SocketAddr) -> String {
-    let req = Request::get(format!("http://{addr}/metrics"))
-        .body(Full::<Bytes>::default())
-        .unwrap();
-    String::from_utf8(send(req).await.body.to_vec()).unwrap()
-}
-
-/// The value of the series `name` whose labels include every `k="v"` of `labels`.
+/// The value of the series `name` whose labels include every `k="v"` of `labels`, as a count.
 fn value(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<u64> {
-    text.lines()
-        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with('{'))
-        .find(|l| {
-            labels
-                .iter()
-                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
-        })
-        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .map(|v| v as u64)
+    common::value(text, name, labels).map(|v| v as u64)
 }
 
 /// The model's (estimated, reconciled) token counters, once the request's body is done.
