@@ -119,8 +119,15 @@ async fn a_tenant_flooding_maximum_size_requests() {
     );
     assert_eq!(attacked.ok, VICTIM);
     // Fair queueing: the victim waits for slots to free, not behind the attacker's backlog
-    // (16 queued): at most the pool's two slots and the ones freed meanwhile.
-    assert!(attacked.behind_max <= 1 + 2 * 2, "{}", attacked.behind_max);
+    // (16 queued; FIFO measures 17): its own request, the pool's two slots freeing (one of
+    // them possibly to the attacker, whose turn may come first), and up to two attacker
+    // requests already dispatched but still in transit to the mock (250 KiB each) when the
+    // count was sampled — seen once on a loaded machine.
+    assert!(
+        attacked.behind_max <= 1 + 2 * 2 + 2,
+        "{}",
+        attacked.behind_max
+    );
 }
 
 #[tokio::test]
