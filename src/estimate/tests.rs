@@ -384,8 +384,10 @@ mod turns {
             "the flood held {} turns",
             BLOCKING_PERMITS - least_free
         );
-        // The victim found a free turn: it did not wait for the whole flood.
-        assert!(ahead < FLOOD, "{order:?}");
+        // The invariant is the bound above: the flood never holds more than its share, so the
+        // victim always finds a free turn. Where its count finishes among the flood's (the
+        // printed figure, 0-2 on a quiet machine) is not asserted: on a loaded two-core machine
+        // the OS may starve its counting thread while the flood's keep running (seen once: last).
         assert_eq!(order.len(), FLOOD + 1);
     }
 }
