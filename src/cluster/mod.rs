@@ -73,18 +73,35 @@ fn replica_id(cfg: &ClusterConfig) -> String {
 pub type Linked = (Arc<Link>, Arc<RedisStore>);
 
 /// The link and the shared rate store, before admission is built (`None`: no `[cluster]`).
+/// `env` reads `password_env` / `username_env` (unset → an error naming the key).
 pub fn connect(
     config: &Config,
     degraded_gauge: metrics::Gauge,
+    env: impl Fn(&str) -> Option<String>,
 ) -> Result<Option<Linked>, ConfigError> {
     let Some(cfg) = &config.cluster else {
         return Ok(None);
     };
-    let link =
-        Link::new(cfg, replica_id(cfg), degraded_gauge).map_err(|e| ConfigError::Invalid {
-            key: "cluster.redis_url".to_owned(),
-            message: e.0.to_string(),
-        })?;
+    let read = |key: &str, var: &Option<String>| -> Result<Option<String>, ConfigError> {
+        var.as_ref()
+            .map(|var| {
+                env(var).ok_or_else(|| ConfigError::MissingEnv {
+                    key: format!("cluster.{key}"),
+                    var: var.clone(),
+                })
+            })
+            .transpose()
+    };
+    let creds = link::Credentials {
+        username: read("username_env", &cfg.username_env)?,
+        password: read("password_env", &cfg.password_env)?,
+    };
+    let link = Link::new(cfg, &creds, replica_id(cfg), degraded_gauge).map_err(|e| {
+        ConfigError::Invalid {
+            key: e.key().to_owned(),
+            message: e.message(),
+        }
+    })?;
     let link = Arc::new(link);
     let store = Arc::new(RedisStore::new(link.clone(), config, cfg.expected_replicas));
     Ok(Some((link, store)))
@@ -184,7 +201,7 @@ mod tests {
             );
             let e = match Config::from_toml_str(&text) {
                 Err(e) => e.to_string(),
-                Ok(config) => match connect(&config, metrics::Gauge::noop()) {
+                Ok(config) => match connect(&config, metrics::Gauge::noop(), |_| None) {
                     Err(e) => e.to_string(),
                     Ok(_) => continue,
                 },

@@ -96,9 +96,18 @@ impl Config {
             .token_env
             .as_ref()
             .map(|v| ("admin.token_env".to_owned(), v));
+        let cluster = self.cluster.iter().flat_map(|c| {
+            [
+                ("cluster.password_env", &c.password_env),
+                ("cluster.username_env", &c.username_env),
+            ]
+            .into_iter()
+            .filter_map(|(k, v)| v.as_ref().map(|v| (k.to_owned(), v)))
+        });
         upstreams
             .chain(tenants)
             .chain(admin)
+            .chain(cluster)
             .filter(|(_, var)| std::env::var_os(var).is_none())
             .map(|(key, var)| ConfigError::MissingEnv {
                 key,

@@ -147,8 +147,11 @@ impl State {
         let pools = queue::pools(&config, tenants.tenants(), &estimator);
         // Cluster mode: the shared rate store replaces the in-memory one, and a lease gate per
         // pool bounds its dispatch by the slots leased in Redis.
-        let linked =
-            crate::cluster::connect(&config, metrics.plain_gauge("fairgate_cluster_degraded"))?;
+        let linked = crate::cluster::connect(
+            &config,
+            metrics.plain_gauge("fairgate_cluster_degraded"),
+            env,
+        )?;
         let store = linked
             .as_ref()
             .map(|(_, s)| s.clone() as Arc<dyn crate::ratelimit::RateStore>);
