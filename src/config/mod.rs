@@ -9,6 +9,7 @@
 mod cidr;
 mod cluster;
 mod observe;
+mod otel;
 mod schema;
 mod validate;
 
@@ -17,6 +18,7 @@ use std::path::{Path, PathBuf};
 pub use cidr::Cidr;
 pub use cluster::ClusterConfig;
 pub use observe::{AdminConfig, LogConfig, LogFormat, MetricsConfig};
+pub use otel::OtelConfig;
 pub use schema::*;
 pub use validate::validate;
 

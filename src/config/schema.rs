@@ -51,6 +51,9 @@ pub struct Config {
     /// (absent: a single process).
     #[serde(default)]
     pub cluster: Option<super::ClusterConfig>,
+    /// `[otel]`: OpenTelemetry trace export (off unless `endpoint` is set).
+    #[serde(default)]
+    pub otel: super::OtelConfig,
 }
 
 /// `[estimate]`: cost = (input × input_weight + output × output_weight + tool_call_tokens ×

@@ -162,6 +162,7 @@ pub fn validate(c: &Config) -> Result<(), ConfigError> {
     }
     validate_connections(&c.server)?;
     validate_estimate(c)?;
+    super::otel::validate(&c.otel)?;
     if let Some(cluster) = &c.cluster {
         super::cluster::validate(cluster)?;
         // The shared (Redis) rate store keeps the request and all-tokens buckets only.

@@ -311,6 +311,7 @@ fn client(tls: rustls::ClientConfig, connect_timeout: Duration, pool: usize) -> 
 pub struct Service {
     upstreams: Arc<[Arc<Upstream>]>,
     tenant_header: Option<HeaderName>,
+    propagate_trace: bool,
 }
 
 impl Service {
@@ -320,7 +321,16 @@ impl Service {
         Self {
             upstreams,
             tenant_header,
+            propagate_trace: false,
         }
+    }
+
+    /// With OpenTelemetry on: the provider is sent `traceparent` naming this request's trace
+    /// and its `fairgate.upstream` span (replacing the client's); off, the client's passes as
+    /// it came.
+    pub fn propagate_trace(mut self, on: bool) -> Self {
+        self.propagate_trace = on;
+        self
     }
 }
 
@@ -385,6 +395,11 @@ impl tower::Service<Request<Bytes>> for Service {
             .or_insert_with(|| ctx.own_request_id().clone());
         if let Some(auth) = auth {
             parts.headers.insert(http::header::AUTHORIZATION, auth);
+        }
+        if self.propagate_trace {
+            parts
+                .headers
+                .insert(crate::context::TRACEPARENT, ctx.trace().upstream_header());
         }
         let mut out = Request::new(Full::new(body));
         *out.method_mut() = parts.method;
