@@ -8,12 +8,14 @@ use crate::config::Config;
 /// `fairgate check`: prints `ok: N tenants, M upstreams` (plus warnings such as unset env
 /// variables) and exits 0, or prints the error naming the key path and exits 1.
 pub fn check(path: &Path) -> ExitCode {
-    // The config file, then what it points to that `serve` would load (upstream TLS files).
+    // The config file, then what it points to that `serve` would load (upstream TLS files,
+    // the Redis CA file).
     let checked = crate::config::check(path).and_then(|ok| {
         let config = crate::config::Config::load(path)?;
         for (i, u) in config.upstreams.iter().enumerate() {
             crate::upstream::check_tls(u, i)?;
         }
+        crate::cluster::check(&config)?;
         Ok(ok)
     });
     match checked {

@@ -28,6 +28,7 @@ pub mod health;
 pub mod log;
 pub mod metrics;
 pub mod mock;
+pub mod otel;
 pub mod queue;
 pub mod ratelimit;
 pub mod render;

@@ -99,7 +99,10 @@ where
     }
 
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
-        let ctx = Ctx::with_request_id(req.headers().get(REQUEST_ID_HEADER));
+        let ctx = Ctx::with_ids(
+            req.headers().get(REQUEST_ID_HEADER),
+            req.headers().get(crate::context::TRACEPARENT),
+        );
         req.extensions_mut().insert(ctx.clone());
         if let Some(e) = self.not_ready.take() {
             return RenderFuture::Failed {

@@ -1,11 +1,17 @@
 //! Route stage: picks the upstream pool for a request from its `model`, and answers
-//! `GET /v1/models` from config.
+//! `GET /v1/models`: the names in config without a wildcard, and for upstreams routed by a
+//! wildcard the provider's own list ([`catalog`]), each model listed only under the upstream it
+//! routes to (first match wins, as routing does).
 //!
 //! Invariants: routing is first match over `[[upstreams]]` in config order, each upstream's
 //! `models` globs in order (`*` = any run, `?` = any one byte); a JSON endpoint whose model
 //! matches nothing gets 404 `model_not_found`; every other path is a 404 in OpenAI's shape.
 //! Writes the context's [`Route`].
 
+pub mod catalog;
+
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -79,36 +85,65 @@ pub fn glob_match(pattern: &str, name: &str) -> bool {
     p[pi..].iter().all(|&c| c == b'*')
 }
 
-/// The routing table: upstreams in config order, and the prebuilt `/v1/models` answer.
+/// The routing table: upstreams in config order, the explicit names (with the upstream that
+/// lists them) and the providers' lists of wildcard-routed upstreams.
 #[derive(Debug)]
 pub struct Router {
     upstreams: Vec<Arc<Upstream>>,
-    models: Bytes,
-    names: Vec<String>,
+    names: Vec<(String, usize)>,
+    catalog: catalog::Catalog,
 }
 
 impl Router {
-    /// Builds the table; `/v1/models` lists the patterns that contain no wildcard.
+    /// Builds the table; `/v1/models` lists the patterns that contain no wildcard, and the
+    /// providers' own lists for the upstreams with one.
     pub fn new(upstreams: Vec<Arc<Upstream>>) -> Self {
-        let mut names: Vec<String> = Vec::new();
-        let mut data = Vec::new();
-        for u in &upstreams {
+        let mut names: Vec<(String, usize)> = Vec::new();
+        for (i, u) in upstreams.iter().enumerate() {
             for m in &u.models {
-                if !m.contains(['*', '?']) && !names.contains(m) {
-                    names.push(m.clone());
-                    data.push(serde_json::json!({
-                        "id": m, "object": "model", "created": 0, "owned_by": u.name,
-                    }));
+                if !catalog::is_glob(m) && !names.iter().any(|(n, _)| n == m) {
+                    names.push((m.clone(), i));
                 }
             }
         }
-        let list = serde_json::json!({ "object": "list", "data": data });
-        let models = Bytes::from(serde_json::to_vec(&list).unwrap_or_default());
+        let catalog = catalog::Catalog::new(&upstreams);
         Self {
             upstreams,
-            models,
             names,
+            catalog,
         }
+    }
+
+    /// Every model `/v1/models` lists, in config order: an upstream's explicit names, then the
+    /// models of its provider's list that route to it. Duplicates are listed once.
+    async fn listed(&self) -> Vec<serde_json::Value> {
+        let fetched = if self.catalog.is_empty() {
+            Vec::new()
+        } else {
+            self.catalog.current().await
+        };
+        let mut seen = std::collections::HashSet::new();
+        let mut data = Vec::new();
+        for (i, u) in self.upstreams.iter().enumerate() {
+            for (n, _) in self.names.iter().filter(|(_, at)| *at == i) {
+                if seen.insert(n.clone()) {
+                    data.push(serde_json::json!({
+                        "id": n, "object": "model", "created": 0, "owned_by": u.name,
+                    }));
+                }
+            }
+            for (_, models) in fetched.iter().filter(|(at, _)| *at == i) {
+                for m in models.iter() {
+                    if self.route(&m.id).map(|r| r.pool) == Some(i) && seen.insert(m.id.clone()) {
+                        data.push(serde_json::json!({
+                            "id": m.id, "object": "model", "created": m.created,
+                            "owned_by": m.owned_by.as_deref().unwrap_or(&u.name),
+                        }));
+                    }
+                }
+            }
+        }
+        data
     }
 
     /// The first upstream whose patterns match `model`.
@@ -120,22 +155,19 @@ impl Router {
             .map(|(pool, _)| Route { pool })
     }
 
-    fn answer(&self, method: &Method, path: &str) -> Result<Response<ResponseBody>, Error> {
+    async fn answer(&self, method: Method, path: String) -> Result<Response<ResponseBody>, Error> {
         if method != Method::GET {
-            return Err(Error::MethodNotAllowed(method.clone()));
+            return Err(Error::MethodNotAllowed(method));
         }
-        let body = match path.strip_prefix("/v1/models/") {
-            None => self.models.clone(),
-            Some(id) => match self.names.iter().find(|n| n.as_str() == id) {
-                Some(n) => Bytes::from(
-                    serde_json::to_vec(&serde_json::json!({
-                        "id": n, "object": "model", "created": 0, "owned_by": "fairgate",
-                    }))
-                    .unwrap_or_default(),
-                ),
+        let data = self.listed().await;
+        let value = match path.strip_prefix("/v1/models/") {
+            None => serde_json::json!({ "object": "list", "data": data }),
+            Some(id) => match data.into_iter().find(|m| m["id"] == id) {
+                Some(m) => m,
                 None => return Err(Error::ModelNotFound(id.to_owned())),
             },
         };
+        let body = Bytes::from(serde_json::to_vec(&value).unwrap_or_default());
         let mut res = Response::new(ResponseBody::full(body));
         res.headers_mut().insert(
             header::CONTENT_TYPE,
@@ -167,6 +199,7 @@ pub struct Service<S> {
 }
 
 type Res = Result<Response<ResponseBody>, crate::Error>;
+type BoxFuture = Pin<Box<dyn Future<Output = Res> + Send>>;
 
 impl<S> tower::Service<Request<Bytes>> for Service<S>
 where
@@ -174,7 +207,7 @@ where
 {
     type Response = Response<ResponseBody>;
     type Error = crate::Error;
-    type Future = Either<Ready<Res>, S::Future>;
+    type Future = Either<Either<Ready<Res>, BoxFuture>, S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), crate::Error>> {
         self.inner.poll_ready(cx)
@@ -182,9 +215,13 @@ where
 
     fn call(&mut self, req: Request<Bytes>) -> Self::Future {
         let path = req.uri().path();
+        let now = |res: Res| Either::Left(Either::Left(ready(res)));
         if path == "/v1/models" || path.starts_with("/v1/models/") {
-            let res = self.router.answer(req.method(), path);
-            return Either::Left(ready(res.map_err(Into::into)));
+            let router = self.router.clone();
+            let (method, path) = (req.method().clone(), path.to_owned());
+            return Either::Left(Either::Right(Box::pin(async move {
+                router.answer(method, path).await.map_err(Into::into)
+            })));
         }
         if !is_json_endpoint(req.method(), path) {
             let e = if is_json_endpoint(&Method::POST, path) {
@@ -192,15 +229,15 @@ where
             } else {
                 Error::UnknownUrl(path.to_owned())
             };
-            return Either::Left(ready(Err(e.into())));
+            return now(Err(e.into()));
         }
         let ctx = match crate::context::of(&req) {
             Ok(ctx) => ctx,
-            Err(e) => return Either::Left(ready(Err(e))),
+            Err(e) => return now(Err(e)),
         };
         let parsed = match ctx.request() {
             Ok(p) => p,
-            Err(e) => return Either::Left(ready(Err(e))),
+            Err(e) => return now(Err(e)),
         };
         match self.router.route(&parsed.model) {
             Some(route) => {
@@ -209,7 +246,7 @@ where
             }
             None => {
                 let e = Error::ModelNotFound(parsed.model.clone());
-                Either::Left(ready(Err(e.into())))
+                now(Err(e.into()))
             }
         }
     }

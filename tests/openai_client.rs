@@ -125,5 +125,104 @@ async fn models_are_listed_from_config() {
     assert_eq!(one.id, "gpt-4o");
     let denied = openai(proxy.addr, "wrong").models().list().await;
     assert!(denied.is_err());
-    assert_eq!(mock.stats.requests(), 0);
+    // `o*` is a wildcard: the provider's list was fetched once (cached since), and none of
+    // its models routes here by `o*` before an explicit name.
+    assert_eq!(mock.stats.requests(), 1);
+}
+
+/// A wildcard upstream lists its provider's own models, filtered by routing (first match
+/// wins), fetched once with the upstream's key, cached, and never on a completion's path.
+#[tokio::test]
+async fn wildcard_routes_list_the_providers_models() {
+    let a = mock().await; // gpt-4o-mini, gpt-4o, text-embedding-3-small
+    let b = mock_with(MockConfig {
+        models: ["text-embedding-3-large", "gpt-from-b"]
+            .map(String::from)
+            .into(),
+        ..MockConfig::default()
+    })
+    .await;
+    let fixed = mock().await;
+    let var = unique_env("MODELS");
+    let toml = format!(
+        "[[upstreams]]\nname = \"fixed\"\nbase_url = \"{}\"\nmodels = [\"special-model\", \"gpt-4o\"]\n\
+         [[upstreams]]\nname = \"emb\"\nbase_url = \"{}\"\nmodels = [\"text-embedding-*\"]\n\
+         [[upstreams]]\nname = \"all\"\nbase_url = \"{}\"\nmodels = [\"*\"]\napi_key_env = \"{var}\"\n\
+         [[tenants]]\nid = \"a\"\napi_keys = [\"{KEY_A}\"]\n",
+        fixed.base_url(),
+        b.base_url(),
+        a.base_url()
+    );
+    let proxy = proxy_with_env(&toml, &[(var.as_str(), "sk-upstream-all")]).await;
+    // A completion first: it fetches no list.
+    let res = openai(proxy.addr, KEY_A)
+        .chat()
+        .create(request("gpt-4o-mini"))
+        .await
+        .unwrap();
+    assert!(!res.choices.is_empty());
+    assert_eq!((a.stats.requests(), b.stats.requests()), (1, 0));
+    let client = openai(proxy.addr, KEY_A);
+    for _ in 0..3 {
+        let list = client.models().list().await.unwrap();
+        let ids: Vec<&str> = list.data.iter().map(|m| m.id.as_str()).collect();
+        // fixed's explicit names; emb's list filtered by `text-embedding-*` (gpt-from-b is not
+        // emb's); all's list without gpt-4o (routed to fixed) and text-embedding-3-small
+        // (routed to emb).
+        assert_eq!(
+            ids,
+            [
+                "special-model",
+                "gpt-4o",
+                "text-embedding-3-large",
+                "gpt-4o-mini"
+            ]
+        );
+    }
+    let one = client
+        .models()
+        .retrieve("text-embedding-3-large")
+        .await
+        .unwrap();
+    assert_eq!(one.id, "text-embedding-3-large");
+    assert!(client.models().retrieve("gpt-from-b").await.is_err());
+    // One fetch each (the TTL has not run out), none at the explicit-only upstream.
+    assert_eq!((a.stats.requests(), b.stats.requests()), (2, 1));
+    assert_eq!(fixed.stats.requests(), 0);
+    let auth = a.stats.seen_authorization();
+    assert_eq!(auth[1].as_deref(), Some("Bearer sk-upstream-all"));
+    assert_eq!(b.stats.seen_authorization()[0], None);
+}
+
+/// A provider whose list fails (connection refused) or does not come within
+/// `models_list_timeout_ms` leaves the explicit names listed; `/v1/models` answers anyway.
+#[tokio::test]
+async fn a_failing_or_slow_provider_leaves_the_explicit_names() {
+    let fixed = mock().await;
+    let slow = mock_with(MockConfig {
+        base_latency: Duration::from_secs(30),
+        ..MockConfig::default()
+    })
+    .await;
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead = format!("http://{}/v1", closed.local_addr().unwrap());
+    drop(closed);
+    let toml = format!(
+        "[[upstreams]]\nname = \"fixed\"\nbase_url = \"{}\"\nmodels = [\"special-model\"]\n\
+         [[upstreams]]\nname = \"dead\"\nbase_url = \"{dead}\"\nmodels = [\"*\"]\n\
+         [[upstreams]]\nname = \"slow\"\nbase_url = \"{}\"\nmodels = [\"x-*\"]\n\
+         models_list_timeout_ms = 200\n\
+         [[tenants]]\nid = \"a\"\napi_keys = [\"{KEY_A}\"]\n",
+        fixed.base_url(),
+        slow.base_url()
+    );
+    let proxy = proxy(&toml).await;
+    let client = openai(proxy.addr, KEY_A);
+    for _ in 0..2 {
+        let list = client.models().list().await.unwrap();
+        let ids: Vec<&str> = list.data.iter().map(|m| m.id.as_str()).collect();
+        assert_eq!(ids, ["special-model"]);
+    }
+    // The slow provider was asked once (the failed fetch is retried after the TTL only).
+    assert_eq!(slow.stats.requests(), 1);
 }

@@ -58,20 +58,101 @@ impl std::fmt::Debug for Link {
     }
 }
 
-/// Why the link could not be set up.
+/// Why the link could not be set up. Neither variant carries the URL or a credential.
 #[derive(Debug, thiserror::Error)]
-#[error("cluster.redis_url: {0}")]
-pub struct LinkError(#[from] pub RedisError);
+pub enum LinkError {
+    /// The URL (or the TLS settings) refused by the client.
+    #[error("cluster.redis_url: {0}")]
+    Redis(#[from] RedisError),
+    /// `tls_ca_file` unreadable.
+    #[error("cluster.tls_ca_file: {path}: {source}")]
+    CaFile {
+        /// The file.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+impl LinkError {
+    /// The config key this error is about.
+    pub fn key(&self) -> &'static str {
+        match self {
+            Self::Redis(_) => "cluster.redis_url",
+            Self::CaFile { .. } => "cluster.tls_ca_file",
+        }
+    }
+
+    /// The message without the key.
+    pub fn message(&self) -> String {
+        match self {
+            Self::Redis(e) => e.to_string(),
+            Self::CaFile { path, source } => format!("{path}: {source}"),
+        }
+    }
+}
+
+/// The secrets a link authenticates with, read from `password_env` / `username_env` (never
+/// from the URL). `Debug` prints neither.
+#[derive(Default, Clone)]
+pub struct Credentials {
+    /// ACL user name (Redis 6+).
+    pub username: Option<String>,
+    /// `AUTH` password.
+    pub password: Option<String>,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials")
+            .field("username", &self.username.as_ref().map(|_| "<set>"))
+            .field("password", &self.password.as_ref().map(|_| "<set>"))
+            .finish()
+    }
+}
+
+/// The redis client for `cfg`: URL, credentials from the environment, and for `rediss://`
+/// rustls with the system trust store or, with `tls_ca_file`, that PEM bundle alone.
+pub fn client(
+    cfg: &crate::config::ClusterConfig,
+    creds: &Credentials,
+) -> Result<redis::Client, LinkError> {
+    use redis::IntoConnectionInfo;
+    let mut info = cfg.redis_url.as_str().into_connection_info()?;
+    let mut settings = info.redis_settings().clone();
+    if let Some(user) = &creds.username {
+        settings = settings.set_username(user);
+    }
+    if let Some(password) = &creds.password {
+        settings = settings.set_password(password);
+    }
+    info = info.set_redis_settings(settings);
+    match &cfg.tls_ca_file {
+        Some(path) => {
+            let pem = std::fs::read(path).map_err(|source| LinkError::CaFile {
+                path: path.display().to_string(),
+                source,
+            })?;
+            let certs = redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(pem),
+            };
+            Ok(redis::Client::build_with_tls(info, certs)?)
+        }
+        None => Ok(redis::Client::open(info)?),
+    }
+}
 
 impl Link {
     /// A lazy connection (nothing is dialled until the first call, so a replica starts even
     /// while Redis is down — degraded). Must run inside a tokio runtime.
     pub fn new(
         cfg: &crate::config::ClusterConfig,
+        creds: &Credentials,
         replica: String,
         gauge: metrics::Gauge,
     ) -> Result<Self, LinkError> {
-        let client = redis::Client::open(cfg.redis_url.as_str())?;
+        let client = client(cfg, creds)?;
         let timeout = Duration::from_millis(cfg.timeout_ms);
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(timeout))

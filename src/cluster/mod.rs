@@ -73,18 +73,49 @@ fn replica_id(cfg: &ClusterConfig) -> String {
 pub type Linked = (Arc<Link>, Arc<RedisStore>);
 
 /// The link and the shared rate store, before admission is built (`None`: no `[cluster]`).
+/// Builds the Redis client of `[cluster]` as `serve` would (URL, `tls_ca_file` read and
+/// parsed; nothing is dialled), for `fairgate check`.
+pub fn check(config: &Config) -> Result<(), ConfigError> {
+    let Some(cfg) = &config.cluster else {
+        return Ok(());
+    };
+    link::client(cfg, &link::Credentials::default())
+        .map(drop)
+        .map_err(|e| ConfigError::Invalid {
+            key: e.key().to_owned(),
+            message: e.message(),
+        })
+}
+
+/// `env` reads `password_env` / `username_env` (unset → an error naming the key).
 pub fn connect(
     config: &Config,
     degraded_gauge: metrics::Gauge,
+    env: impl Fn(&str) -> Option<String>,
 ) -> Result<Option<Linked>, ConfigError> {
     let Some(cfg) = &config.cluster else {
         return Ok(None);
     };
-    let link =
-        Link::new(cfg, replica_id(cfg), degraded_gauge).map_err(|e| ConfigError::Invalid {
-            key: "cluster.redis_url".to_owned(),
-            message: e.0.to_string(),
-        })?;
+    let read = |key: &str, var: &Option<String>| -> Result<Option<String>, ConfigError> {
+        var.as_ref()
+            .map(|var| {
+                env(var).ok_or_else(|| ConfigError::MissingEnv {
+                    key: format!("cluster.{key}"),
+                    var: var.clone(),
+                })
+            })
+            .transpose()
+    };
+    let creds = link::Credentials {
+        username: read("username_env", &cfg.username_env)?,
+        password: read("password_env", &cfg.password_env)?,
+    };
+    let link = Link::new(cfg, &creds, replica_id(cfg), degraded_gauge).map_err(|e| {
+        ConfigError::Invalid {
+            key: e.key().to_owned(),
+            message: e.message(),
+        }
+    })?;
     let link = Arc::new(link);
     let store = Arc::new(RedisStore::new(link.clone(), config, cfg.expected_replicas));
     Ok(Some((link, store)))
@@ -184,7 +215,7 @@ mod tests {
             );
             let e = match Config::from_toml_str(&text) {
                 Err(e) => e.to_string(),
-                Ok(config) => match connect(&config, metrics::Gauge::noop()) {
+                Ok(config) => match connect(&config, metrics::Gauge::noop(), |_| None) {
                     Err(e) => e.to_string(),
                     Ok(_) => continue,
                 },
@@ -194,5 +225,20 @@ mod tests {
             refused += 1;
         }
         assert!(refused >= 2, "{refused}");
+    }
+
+    #[test]
+    fn check_reads_the_redis_ca_file() {
+        let text = |ca: &str| {
+            format!(
+                "[[upstreams]]\nname = \"u\"\nbase_url = \"http://h/v1\"\n\
+                 [cluster]\nredis_url = \"rediss://h:6380\"\ntls_ca_file = \"{ca}\"\n"
+            )
+        };
+        let missing = Config::from_toml_str(&text("/nonexistent/ca.pem")).unwrap();
+        let e = check(&missing).unwrap_err().to_string();
+        assert!(e.starts_with("cluster.tls_ca_file"), "{e}");
+        let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/localhost.crt");
+        check(&Config::from_toml_str(&text(fixture)).unwrap()).unwrap();
     }
 }

@@ -9,8 +9,20 @@ use super::ConfigError;
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ClusterConfig {
-    /// `redis://[user:password@]host[:port][/db]` (no TLS: `rediss://` is refused).
+    /// `redis://[user@]host[:port][/db]`, or `rediss://…` for TLS (rustls; the system trust
+    /// store unless `tls_ca_file`). A password in the URL is refused: use `password_env`.
     pub redis_url: String,
+    /// Env var holding the Redis password (`AUTH`); never written in `redis_url`, never logged.
+    #[serde(default)]
+    pub password_env: Option<String>,
+    /// Env var holding the Redis ACL user name (Redis 6+; default: the URL's user, else
+    /// `default`).
+    #[serde(default)]
+    pub username_env: Option<String>,
+    /// PEM file of the CA(s) that sign the Redis server's certificate (a managed Redis with a
+    /// private CA), used *instead of* the system trust store. Only with `rediss://`.
+    #[serde(default)]
+    pub tls_ca_file: Option<std::path::PathBuf>,
     /// A capacity lease lives this long unless renewed; a dead replica's slots come back
     /// within it.
     #[serde(default = "default_lease_ttl")]
@@ -67,16 +79,44 @@ fn invalid(key: &str, message: impl Into<String>) -> ConfigError {
     }
 }
 
+/// Whether the authority of a URL (after the scheme) carries `user:password@`.
+fn url_has_password(rest: &str) -> bool {
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    match authority.rsplit_once('@') {
+        Some((userinfo, _)) => userinfo.contains(':'),
+        None => false,
+    }
+}
+
 /// Checks `[cluster]`.
 pub(super) fn validate(c: &ClusterConfig) -> Result<(), ConfigError> {
-    if c.redis_url.starts_with("rediss://") {
+    let Some(rest) = c
+        .redis_url
+        .strip_prefix("redis://")
+        .or_else(|| c.redis_url.strip_prefix("rediss://"))
+    else {
         return Err(invalid(
             "redis_url",
-            "TLS to Redis (rediss://) is not built in",
+            "must start with redis:// or rediss://",
+        ));
+    };
+    if url_has_password(rest) {
+        // Never echoed: the message names the key, not the value.
+        return Err(invalid(
+            "redis_url",
+            "holds a password: put it in an environment variable named by cluster.password_env",
         ));
     }
-    if !c.redis_url.starts_with("redis://") {
-        return Err(invalid("redis_url", "must start with redis://"));
+    if c.tls_ca_file.is_some() && !c.redis_url.starts_with("rediss://") {
+        return Err(invalid("tls_ca_file", "needs a rediss:// redis_url"));
+    }
+    for (key, var) in [
+        ("password_env", &c.password_env),
+        ("username_env", &c.username_env),
+    ] {
+        if var.as_deref().is_some_and(str::is_empty) {
+            return Err(invalid(key, "must name an environment variable"));
+        }
     }
     if c.timeout_ms == 0 {
         return Err(invalid("timeout_ms", "must be > 0"));
@@ -142,9 +182,36 @@ mod tests {
     }
 
     #[test]
+    fn tls_and_credentials_from_env_are_accepted() {
+        let c = load(
+            "redis_url = \"rediss://fairgate@redis.internal:6380/2\"\n\
+             password_env = \"REDIS_PASSWORD\"\nusername_env = \"REDIS_USER\"\n\
+             tls_ca_file = \"/etc/fairgate/redis-ca.pem\"",
+        )
+        .unwrap()
+        .cluster
+        .unwrap();
+        assert_eq!(c.password_env.as_deref(), Some("REDIS_PASSWORD"));
+        assert_eq!(c.username_env.as_deref(), Some("REDIS_USER"));
+        assert!(c.tls_ca_file.is_some());
+    }
+
+    #[test]
     fn bad_values_name_their_key() {
         let cases = [
-            ("redis_url = \"rediss://h\"", "cluster.redis_url"),
+            ("redis_url = \"redis://:pw@h\"", "cluster.redis_url"),
+            (
+                "redis_url = \"rediss://u:pw@h:6380/0\"",
+                "cluster.redis_url",
+            ),
+            (
+                "redis_url = \"redis://h\"\ntls_ca_file = \"ca.pem\"",
+                "cluster.tls_ca_file",
+            ),
+            (
+                "redis_url = \"redis://h\"\npassword_env = \"\"",
+                "cluster.password_env",
+            ),
             ("redis_url = \"http://h\"", "cluster.redis_url"),
             (
                 "redis_url = \"redis://h\"\nlease_ttl_ms = 200",

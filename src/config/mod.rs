@@ -9,6 +9,7 @@
 mod cidr;
 mod cluster;
 mod observe;
+mod otel;
 mod schema;
 mod validate;
 
@@ -17,6 +18,7 @@ use std::path::{Path, PathBuf};
 pub use cidr::Cidr;
 pub use cluster::ClusterConfig;
 pub use observe::{AdminConfig, LogConfig, LogFormat, MetricsConfig};
+pub use otel::OtelConfig;
 pub use schema::*;
 pub use validate::validate;
 
@@ -96,9 +98,18 @@ impl Config {
             .token_env
             .as_ref()
             .map(|v| ("admin.token_env".to_owned(), v));
+        let cluster = self.cluster.iter().flat_map(|c| {
+            [
+                ("cluster.password_env", &c.password_env),
+                ("cluster.username_env", &c.username_env),
+            ]
+            .into_iter()
+            .filter_map(|(k, v)| v.as_ref().map(|v| (k.to_owned(), v)))
+        });
         upstreams
             .chain(tenants)
             .chain(admin)
+            .chain(cluster)
             .filter(|(_, var)| std::env::var_os(var).is_none())
             .map(|(key, var)| ConfigError::MissingEnv {
                 key,

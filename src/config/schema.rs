@@ -51,6 +51,9 @@ pub struct Config {
     /// (absent: a single process).
     #[serde(default)]
     pub cluster: Option<super::ClusterConfig>,
+    /// `[otel]`: OpenTelemetry trace export (off unless `endpoint` is set).
+    #[serde(default)]
+    pub otel: super::OtelConfig,
 }
 
 /// `[estimate]`: cost = (input × input_weight + output × output_weight + tool_call_tokens ×
@@ -329,6 +332,32 @@ pub struct UpstreamConfig {
     /// The client certificate's private key (PEM).
     #[serde(default)]
     pub client_key_file: Option<PathBuf>,
+    /// With a wildcard in `models`: the provider's own `GET /models` is fetched for fairgate's
+    /// `/v1/models`, bounded by this time (connect, head and body), ms.
+    #[serde(default = "default_models_list_timeout")]
+    pub models_list_timeout_ms: u64,
+    /// How long a fetched model list is served before it is refreshed (in the background), ms.
+    #[serde(default = "default_models_list_ttl")]
+    pub models_list_ttl_ms: u64,
+    /// At most this many models are kept from the provider's list (the rest are dropped).
+    #[serde(default = "default_models_list_max")]
+    pub models_list_max: usize,
+    /// The provider's list body is read up to this many bytes (beyond: the fetch fails).
+    #[serde(default = "default_models_list_max_bytes")]
+    pub models_list_max_bytes: usize,
+}
+
+fn default_models_list_timeout() -> u64 {
+    5_000
+}
+fn default_models_list_ttl() -> u64 {
+    300_000
+}
+fn default_models_list_max() -> usize {
+    1_000
+}
+fn default_models_list_max_bytes() -> usize {
+    1 << 20
 }
 
 fn default_upstream_concurrency() -> usize {

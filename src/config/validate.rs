@@ -162,6 +162,7 @@ pub fn validate(c: &Config) -> Result<(), ConfigError> {
     }
     validate_connections(&c.server)?;
     validate_estimate(c)?;
+    super::otel::validate(&c.otel)?;
     if let Some(cluster) = &c.cluster {
         super::cluster::validate(cluster)?;
         // The shared (Redis) rate store keeps the request and all-tokens buckets only.
@@ -249,6 +250,10 @@ pub fn validate(c: &Config) -> Result<(), ConfigError> {
             ("connect_timeout_ms", u.connect_timeout_ms),
             ("first_byte_timeout_ms", u.first_byte_timeout_ms),
             ("idle_timeout_ms", u.idle_timeout_ms),
+            ("models_list_timeout_ms", u.models_list_timeout_ms),
+            ("models_list_ttl_ms", u.models_list_ttl_ms),
+            ("models_list_max", u.models_list_max as u64),
+            ("models_list_max_bytes", u.models_list_max_bytes as u64),
         ] {
             if v == 0 {
                 return Err(invalid(key(k), "must be > 0"));

@@ -15,6 +15,7 @@
 mod outcome;
 mod request;
 mod tenant;
+mod trace;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -25,6 +26,7 @@ use crate::error::Error;
 pub use outcome::{Admitted, BucketState, Deadline, Dispatch, RateState, Usage};
 pub use request::{Endpoint, Estimate, Input, Parsed, Route};
 pub use tenant::{Identity, Tenant};
+pub use trace::{Trace, TRACEPARENT};
 
 /// What one request's stages learn about it; see the module docs for the rules.
 #[derive(Debug)]
@@ -34,6 +36,11 @@ pub struct Context {
     /// The client's `x-request-id` (visible ASCII, at most 128 bytes), else one generated here.
     /// Writer: `render`, at creation.
     request_id: RequestId,
+    /// The request's trace: the client's `traceparent` continued, else a new one. Writer:
+    /// `render`, at creation.
+    trace: Trace,
+    /// When estimation began and ended (the `fairgate.estimate` span). Writer: `estimate`.
+    estimated_span: OnceLock<(Instant, Instant)>,
     /// The provider's `x-request-id`. Writer: `upstream`.
     upstream_request_id: OnceLock<http::HeaderValue>,
     /// Who is calling. Writer: `tenant`.
@@ -101,6 +108,14 @@ impl Ctx {
     /// A new context for a request that carried `client_id` as its `x-request-id` (kept if it
     /// is visible ASCII of at most 128 bytes, else a fresh id is generated).
     pub fn with_request_id(client_id: Option<&http::HeaderValue>) -> Self {
+        Self::with_ids(client_id, None)
+    }
+
+    /// As [`Ctx::with_request_id`], continuing the client's `traceparent` if valid.
+    pub fn with_ids(
+        client_id: Option<&http::HeaderValue>,
+        traceparent: Option<&http::HeaderValue>,
+    ) -> Self {
         let kept = client_id.filter(|v| {
             !v.is_empty()
                 && v.len() <= MAX_REQUEST_ID
@@ -120,6 +135,8 @@ impl Ctx {
         Self(Arc::new(Context {
             started: Instant::now(),
             request_id,
+            trace: Trace::from_header(traceparent),
+            estimated_span: OnceLock::new(),
             upstream_request_id: OnceLock::new(),
             identity: OnceLock::new(),
             request: OnceLock::new(),
@@ -179,6 +196,21 @@ impl Context {
     /// When the request arrived.
     pub fn started(&self) -> Instant {
         self.started
+    }
+
+    /// The request's trace ids.
+    pub fn trace(&self) -> &Trace {
+        &self.trace
+    }
+
+    /// When estimation began and ended, if it ran.
+    pub fn estimated_span(&self) -> Option<(Instant, Instant)> {
+        self.estimated_span.get().copied()
+    }
+
+    /// Writer: `estimate`.
+    pub fn set_estimated_span(&self, began: Instant, ended: Instant) {
+        set(&self.estimated_span, (began, ended), "estimated_span");
     }
 
     /// The request's id as the client sees it: the client's own, else the provider's, else

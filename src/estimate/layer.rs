@@ -153,6 +153,7 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let layer = self.layer.clone();
         Box::pin(async move {
+            let began = tokio::time::Instant::now();
             let ctx = crate::context::of(&req)?;
             let endpoint = Endpoint::of_path(req.uri().path())
                 .ok_or_else(|| crate::Error::internal("estimate reached by an unrouted path"))?;
@@ -234,6 +235,7 @@ where
                     output,
                 },
             });
+            ctx.set_estimated_span(began, tokio::time::Instant::now());
             inner.call(req).await
         })
     }

@@ -57,6 +57,7 @@ struct Record {
     tenant: Arc<TenantMetrics>,
     ctx: Ctx,
     start: Instant,
+    otel: Option<Arc<crate::otel::Exporter>>,
 }
 
 impl Record {
@@ -136,6 +137,7 @@ where
             tenant,
             ctx,
             start: Instant::now(),
+            otel: self.metrics.otel().cloned(),
         };
         let fut = self.inner.call(req);
         Either::Right(Box::pin(async move {
@@ -223,6 +225,20 @@ impl Drop for Done {
         }
         // Client-chosen: logged as it is labelled (cut, past the tenant's count `other`).
         let model = model.map(|m| t.model_label(m));
+        if let Some(otel) = &r.otel {
+            otel.emit(
+                ctx,
+                &crate::otel::Ending {
+                    at: Instant::now(),
+                    status: self.status.as_u16(),
+                    limit: self.limit,
+                    refused: self.refused,
+                    model: model.as_deref(),
+                    estimated,
+                    actual,
+                },
+            );
+        }
         let tenant = ctx.identity_if_known().map(|i| i.tenant.id.as_str());
         let request_id = ctx.request_id().to_str().unwrap_or_default();
         tracing::info!(

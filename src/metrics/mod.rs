@@ -66,6 +66,8 @@ pub struct Metrics {
     tenants: crate::domain::FastMap<TenantId, (usize, Arc<TenantMetrics>)>,
     labels: Vec<SharedString>,
     pools: Vec<(String, crate::domain::FastMap<TenantId, Arc<Served>>)>,
+    /// OpenTelemetry export (`[otel] endpoint`; kept across reloads).
+    otel: Option<Arc<crate::otel::Exporter>>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -100,6 +102,16 @@ impl Metrics {
             tenants: Default::default(),
             labels: Vec::new(),
             pools: Vec::new(),
+            otel: None,
+        };
+        let counters = crate::otel::Counters {
+            dropped: empty.plain_counter("fairgate_otel_dropped_total"),
+            exported: empty.plain_counter("fairgate_otel_exported_total"),
+            failed: empty.plain_counter("fairgate_otel_failed_total"),
+        };
+        let empty = Self {
+            otel: crate::otel::Exporter::new(&config.otel, counters),
+            ..empty
         };
         empty.reloaded(config)
     }
@@ -154,7 +166,13 @@ impl Metrics {
             tenants,
             labels,
             pools,
+            otel: self.otel.clone(),
         })
+    }
+
+    /// The OpenTelemetry exporter, if `[otel] endpoint` is set.
+    pub fn otel(&self) -> Option<&Arc<crate::otel::Exporter>> {
+        self.otel.as_ref()
     }
 
     fn second(&self) -> u64 {

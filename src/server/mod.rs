@@ -147,8 +147,11 @@ impl State {
         let pools = queue::pools(&config, tenants.tenants(), &estimator);
         // Cluster mode: the shared rate store replaces the in-memory one, and a lease gate per
         // pool bounds its dispatch by the slots leased in Redis.
-        let linked =
-            crate::cluster::connect(&config, metrics.plain_gauge("fairgate_cluster_degraded"))?;
+        let linked = crate::cluster::connect(
+            &config,
+            metrics.plain_gauge("fairgate_cluster_degraded"),
+            env,
+        )?;
         let store = linked
             .as_ref()
             .map(|(_, s)| s.clone() as Arc<dyn crate::ratelimit::RateStore>);
@@ -282,7 +285,10 @@ where
         // while the request keeps its slot (so a retry never jumps the fair queue).
         .layer(state.admission.retry_layer())
         // Innermost: forward to the provider and stream the answer back.
-        .service(upstream::Service::new(upstreams, tenant_header))
+        .service(
+            upstream::Service::new(upstreams, tenant_header)
+                .propagate_trace(state.metrics.otel().is_some()),
+        )
 }
 
 /// Why the server could not start.
@@ -423,6 +429,9 @@ async fn start_on(
     let done = workers::spawn(listeners, &conns, &stopped)?;
     if let (Some(cluster), Some(claim)) = (&state.cluster, claim) {
         cluster.spawn(claim, stop.subscribe());
+    }
+    if let Some(otel) = state.metrics.otel() {
+        tokio::spawn(otel.clone().run(stop.subscribe()));
     }
     let admin_addr = match admin_listener {
         Some(l) => {

@@ -50,6 +50,8 @@ pub struct Upstream {
     pub max_concurrency: usize,
     /// Time to the response head.
     pub first_byte_timeout: Duration,
+    /// Bounds of the provider's model list fetch (`models_list_*`).
+    pub models_list: ModelsListLimits,
     /// Max gap between body frames.
     pub idle_timeout: Duration,
     scheme: http::uri::Scheme,
@@ -69,6 +71,19 @@ impl std::fmt::Debug for Upstream {
             .field("authority", &self.lanes[0].authority)
             .finish_non_exhaustive()
     }
+}
+
+/// `models_list_*` of `[[upstreams]]`: how the provider's own `GET /models` is fetched.
+#[derive(Debug, Clone, Copy)]
+pub struct ModelsListLimits {
+    /// Whole fetch (connect, head, body).
+    pub timeout: Duration,
+    /// Served this long before a background refresh.
+    pub ttl: Duration,
+    /// Entries kept.
+    pub max: usize,
+    /// Body bytes read.
+    pub max_bytes: usize,
 }
 
 /// Upstream stage errors.
@@ -174,6 +189,12 @@ impl Upstream {
             models: cfg.models.clone(),
             max_concurrency: cfg.max_concurrency,
             first_byte_timeout: Duration::from_millis(cfg.first_byte_timeout_ms),
+            models_list: ModelsListLimits {
+                timeout: Duration::from_millis(cfg.models_list_timeout_ms),
+                ttl: Duration::from_millis(cfg.models_list_ttl_ms),
+                max: cfg.models_list_max,
+                max_bytes: cfg.models_list_max_bytes,
+            },
             idle_timeout: Duration::from_millis(cfg.idle_timeout_ms),
             scheme,
             prefix,
@@ -204,6 +225,46 @@ impl Upstream {
     /// This connection worker's lane.
     fn lane(&self) -> &Lane {
         &self.lanes[crate::worker::current() % self.lanes.len()]
+    }
+
+    /// The provider's own model list: `GET base_url + /models` with the upstream's key, over
+    /// this worker's pooled client (its TLS), within `models_list.timeout` (connect, head and
+    /// body), the body read up to `models_list.max_bytes`. The error says why, never the key.
+    pub async fn list_models(&self) -> Result<Bytes, String> {
+        use http_body_util::BodyExt;
+        let limits = self.models_list;
+        let uri = self
+            .target(&Uri::from_static("/v1/models"))
+            .map_err(|e| e.to_string())?;
+        let mut req = Request::new(Full::new(Bytes::new()));
+        *req.uri_mut() = uri;
+        req.headers_mut().insert(
+            http::header::ACCEPT,
+            HeaderValue::from_static("application/json"),
+        );
+        if let Some(key) = &self.api_key {
+            req.headers_mut()
+                .insert(http::header::AUTHORIZATION, key.clone());
+        }
+        let fut = self.lane().client.request(req);
+        let fetch = async move {
+            let res = fut.await.map_err(|e| match tls_failure(&e) {
+                Some(why) => format!("TLS handshake failed: {why}"),
+                None => format!("request failed: {e}"),
+            })?;
+            if !res.status().is_success() {
+                return Err(format!("answered {}", res.status()));
+            }
+            let body = http_body_util::Limited::new(res.into_body(), limits.max_bytes);
+            body.collect()
+                .await
+                .map(|b| b.to_bytes())
+                .map_err(|e| format!("body: {e}"))
+        };
+        match tokio::time::timeout(limits.timeout, fetch).await {
+            Ok(r) => r,
+            Err(_) => Err(format!("no answer within {:?}", limits.timeout)),
+        }
     }
 
     /// `base_url + (path without /v1) + ?query`.
@@ -250,6 +311,7 @@ fn client(tls: rustls::ClientConfig, connect_timeout: Duration, pool: usize) -> 
 pub struct Service {
     upstreams: Arc<[Arc<Upstream>]>,
     tenant_header: Option<HeaderName>,
+    propagate_trace: bool,
 }
 
 impl Service {
@@ -259,7 +321,16 @@ impl Service {
         Self {
             upstreams,
             tenant_header,
+            propagate_trace: false,
         }
+    }
+
+    /// With OpenTelemetry on: the provider is sent `traceparent` naming this request's trace
+    /// and its `fairgate.upstream` span (replacing the client's); off, the client's passes as
+    /// it came.
+    pub fn propagate_trace(mut self, on: bool) -> Self {
+        self.propagate_trace = on;
+        self
     }
 }
 
@@ -324,6 +395,11 @@ impl tower::Service<Request<Bytes>> for Service {
             .or_insert_with(|| ctx.own_request_id().clone());
         if let Some(auth) = auth {
             parts.headers.insert(http::header::AUTHORIZATION, auth);
+        }
+        if self.propagate_trace {
+            parts
+                .headers
+                .insert(crate::context::TRACEPARENT, ctx.trace().upstream_header());
         }
         let mut out = Request::new(Full::new(body));
         *out.method_mut() = parts.method;
