@@ -8,13 +8,17 @@
 //!
 //! Writes the context's `rate` (the bucket state charged or refused with, which the
 //! `ratelimit` headers stage shows) and `admitted` (charge and deadline, which the queue and the
-//! retry stage read). A reconcile guard on the response body settles the ledger with the
-//! context's `usage` once the usage stage has written it; a request refused below before it
+//! retry stage read). A reconcile guard settles the ledger with the context's `usage`: it is
+//! handed down ([`Handoff`]) to the usage stage, which ties it to the body it observes, so it
+//! settles after the usage is written — also when a long output is counted off-thread after the
+//! client is gone. A guard that settles nothing (no usage: a non-2xx answer) leaves the charge
+//! as it stands. A request refused below before it
 //! reached the provider ([`crate::Error::never_sent`]: queue full, deadline passed in the
 //! queue) gets its whole charge back as credit.
 //!
 //! Errors of the stages below pass through untouched (they are rendered once, above).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -27,21 +31,42 @@ use crate::context::{Admitted, Ctx};
 use crate::domain::{Charge, TenantId};
 use crate::error::Error;
 use crate::ratelimit::{RateStore, Refusal};
-use crate::response::ResponseBody;
+use crate::response::{Handoff, ResponseBody};
 
-/// Settles the tenant's ledger when the response body is done.
-struct Reconcile {
+/// One admission's charge to the tenant's ledger, settled exactly once (whichever of the
+/// reconcile guard and the error path comes first).
+struct Charged {
     store: Arc<dyn RateStore>,
     tenant: TenantId,
     estimated: Charge,
+    done: AtomicBool,
+}
+
+impl Charged {
+    /// Settles with `actual` unless already settled.
+    fn settle(&self, actual: Charge) {
+        if !self.done.swap(true, Ordering::AcqRel) {
+            self.store.reconcile(&self.tenant, self.estimated, actual);
+        }
+    }
+}
+
+/// Settles the tenant's ledger when the body observed by `usage` is done (it travels down in a
+/// [`Handoff`]): with the usage when it was written; with nothing (the whole charge back) when
+/// the request was never dispatched (client gone while queued, refused in the queue); else (it
+/// reached the provider, no usage: a non-2xx answer, a client gone before the head) the charge
+/// stands.
+struct Reconcile {
+    charged: Arc<Charged>,
     ctx: Ctx,
 }
 
 impl Drop for Reconcile {
     fn drop(&mut self) {
         if let Some(actual) = self.ctx.usage() {
-            self.store
-                .reconcile(&self.tenant, self.estimated, actual.tokens);
+            self.charged.settle(actual.tokens);
+        } else if self.ctx.dispatch().is_none() {
+            self.charged.settle(Charge::default());
         }
     }
 }
@@ -149,23 +174,34 @@ where
                 None
             };
             ctx.set_admitted(Admitted { charged, deadline });
-            let res = inner.call(req).await;
-            let Some(charged) = charged else {
-                return res;
+            let mut req = req;
+            let handoff = Handoff::default();
+            let Some(estimated) = charged else {
+                return inner.call(req).await;
             };
+            let charged = Arc::new(Charged {
+                store: adm.store.clone(),
+                tenant: tenant.clone(),
+                estimated,
+                done: AtomicBool::new(false),
+            });
+            handoff.push(Box::new(Reconcile {
+                charged: charged.clone(),
+                ctx: ctx.clone(),
+            }));
+            req.extensions_mut().insert(handoff.clone());
+            let res = inner.call(req).await;
             match res {
                 Ok(mut res) => {
-                    res.body_mut().attach(Box::new(Reconcile {
-                        store: adm.store.clone(),
-                        tenant,
-                        estimated: charged,
-                        ctx,
-                    }));
+                    // No usage stage below took it: tied to this body.
+                    for guard in handoff.take() {
+                        res.body_mut().attach(guard);
+                    }
                     Ok(res)
                 }
                 Err(e) => {
                     if e.never_sent() {
-                        adm.store.reconcile(&tenant, charged, Charge::default());
+                        charged.settle(Charge::default());
                     }
                     Err(e)
                 }

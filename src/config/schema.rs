@@ -116,6 +116,9 @@ pub struct AdmissionConfig {
     /// Total time one request may wait between its upstream attempts (holding its pool slot),
     /// ms; a retry that would wait longer is not made and the 429 goes to the client.
     pub max_retry_wait_ms: u64,
+    /// Debt (usage beyond what admission charged) a token bucket carries, in minutes of that
+    /// bucket's rate: it is paid by later admissions, never forgiven while within this bound.
+    pub max_debt_minutes: u32,
 }
 
 impl Default for AdmissionConfig {
@@ -128,6 +131,7 @@ impl Default for AdmissionConfig {
             retry_backoff_ms: 50,
             retry_backoff_max_ms: 2_000,
             max_retry_wait_ms: 3_000,
+            max_debt_minutes: 10,
         }
     }
 }
@@ -151,6 +155,8 @@ pub struct TenantLimits {
     pub max_output_tokens: u64,
     /// Queue-wait budget, ms.
     pub max_queue_wait_ms: Option<u64>,
+    /// Debt a token bucket carries, in minutes of its rate (`[admission] max_debt_minutes`).
+    pub max_debt_minutes: u32,
 }
 
 /// `[server]`.
@@ -514,6 +520,7 @@ impl TenantConfig {
             max_input_tokens: pick!(max_input_tokens).unwrap_or(d.max_input_tokens),
             max_output_tokens: pick!(max_output_tokens).unwrap_or(d.max_output_tokens),
             max_queue_wait_ms: pick!(max_queue_wait_ms).or(d.max_queue_wait_ms),
+            max_debt_minutes: d.max_debt_minutes,
         }
     }
 }

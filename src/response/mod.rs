@@ -27,6 +27,31 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// A guard whose lifetime is tied to a response body.
 pub type Guard = Box<dyn Any + Send + Sync>;
 
+/// Guards a stage hands down, in the request's extensions, to be attached by a stage below to
+/// the body *it* returns: a guard that must settle after something the stage below writes
+/// (admission's ledger reconcile after `usage`, which may be written off-thread once the body
+/// above is gone) travels with the inner body. A guard never taken drops with the request.
+#[derive(Clone, Default)]
+pub struct Handoff(std::sync::Arc<std::sync::Mutex<Vec<Guard>>>);
+
+impl Handoff {
+    /// Hands `guard` down.
+    pub fn push(&self, guard: Guard) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).push(guard);
+    }
+
+    /// Takes the guards handed down so far.
+    pub fn take(&self) -> Vec<Guard> {
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+}
+
+impl std::fmt::Debug for Handoff {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Handoff").finish_non_exhaustive()
+    }
+}
+
 pin_project_lite::pin_project! {
     /// The response body of every stage; see the module docs.
     pub struct ResponseBody {

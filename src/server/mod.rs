@@ -554,6 +554,9 @@ async fn shutdown_signal() {
 }
 
 #[cfg(test)]
+mod ledger_props;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use bytes::Bytes;

@@ -40,7 +40,7 @@ use http_body::{Body as HttpBody, Frame, SizeHint};
 
 use crate::context::Ctx;
 use crate::estimate::{Estimate, Estimator};
-use crate::response::{BoxError, Guard, ResponseBody};
+use crate::response::{BoxError, Guard, Handoff, ResponseBody};
 use decode::Coding;
 use observe::{Observer, Work};
 
@@ -207,9 +207,19 @@ where
             return Box::pin(std::future::ready(Err(e)));
         }
         let estimator = self.estimator.clone();
+        // Guards that settle from the usage (admission's ledger) go on the body observed, so
+        // they drop after the usage is written, on- or off-thread.
+        let handed = req
+            .extensions()
+            .get::<Handoff>()
+            .map(Handoff::take)
+            .unwrap_or_default();
         let fut = self.inner.call(req);
         Box::pin(async move {
-            let res = fut.await?;
+            let mut res = fut.await?;
+            for guard in handed {
+                res.body_mut().attach(guard);
+            }
             if !res.status().is_success() {
                 return Ok(res);
             }
