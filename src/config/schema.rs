@@ -157,6 +157,10 @@ pub struct TenantLimits {
     pub max_queue_wait_ms: Option<u64>,
     /// Debt a token bucket carries, in minutes of its rate (`[admission] max_debt_minutes`).
     pub max_debt_minutes: u32,
+    /// A stream is ended once its counted output passes this (none: no cap).
+    pub max_stream_output_tokens: Option<u64>,
+    /// A stream is ended once its counted output passes the tenant's remaining token budget.
+    pub cut_off_over_budget: bool,
 }
 
 /// `[server]`.
@@ -393,6 +397,14 @@ pub struct PlanConfig {
     /// Queue-wait budget in ms (default `[admission] max_queue_wait_ms`).
     #[serde(default)]
     pub max_queue_wait_ms: Option<u64>,
+    /// A stream is ended (a final error event and `[DONE]`) once its counted output passes
+    /// this many tokens (optional; default none).
+    #[serde(default)]
+    pub max_stream_output_tokens: Option<u64>,
+    /// A stream is ended once its counted output passes the tenant's remaining token budget
+    /// (optional; default false: the overrun becomes debt).
+    #[serde(default)]
+    pub cut_off_over_budget: Option<bool>,
 }
 
 fn one() -> f64 {
@@ -466,6 +478,14 @@ pub struct TenantConfig {
     /// Queue-wait budget in ms (default `[admission] max_queue_wait_ms`).
     #[serde(default)]
     pub max_queue_wait_ms: Option<u64>,
+    /// A stream is ended (a final error event and `[DONE]`) once its counted output passes
+    /// this many tokens (optional; default none).
+    #[serde(default)]
+    pub max_stream_output_tokens: Option<u64>,
+    /// A stream is ended once its counted output passes the tenant's remaining token budget
+    /// (optional; default false: the overrun becomes debt).
+    #[serde(default)]
+    pub cut_off_over_budget: Option<bool>,
 }
 
 impl TenantConfig {
@@ -521,6 +541,8 @@ impl TenantConfig {
             max_output_tokens: pick!(max_output_tokens).unwrap_or(d.max_output_tokens),
             max_queue_wait_ms: pick!(max_queue_wait_ms).or(d.max_queue_wait_ms),
             max_debt_minutes: d.max_debt_minutes,
+            max_stream_output_tokens: pick!(max_stream_output_tokens),
+            cut_off_over_budget: pick!(cut_off_over_budget).unwrap_or(false),
         }
     }
 }

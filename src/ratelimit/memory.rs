@@ -245,6 +245,16 @@ impl RateStore for MemoryStore {
         }
     }
 
+    fn charge_streamed(&self, tenant: &TenantId, extra: Charge) -> bool {
+        self.charge(tenant, extra);
+        let Some(t) = self.tenants.get(tenant) else {
+            return true;
+        };
+        let ledgers = t.ledgers.lock().unwrap_or_else(|p| p.into_inner());
+        // Debt left after paying from the bucket: the budget is spent.
+        ledgers.iter().all(|l| l.debt() == 0)
+    }
+
     fn with_limits(&self, limits: &HashMap<TenantId, TenantLimits>) -> Option<Arc<dyn RateStore>> {
         let clock = TokioClock::default();
         let tenants = limits

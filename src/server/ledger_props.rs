@@ -31,7 +31,8 @@ use crate::{body, estimate, queue, render, route, tenant, usage};
 /// The real in-memory store, with every charge and correction recorded per tenant.
 struct Recorder {
     inner: MemoryStore,
-    /// Per tenant: (net tokens charged to the all-tokens budget, corrections made).
+    /// Per tenant: (net tokens charged to the all-tokens budget, corrections made: settlements
+    /// and retry charges; a running stream's steps are charges, not corrections).
     net: Mutex<HashMap<TenantId, (i64, u32)>>,
 }
 
@@ -55,6 +56,13 @@ impl RateStore for Recorder {
             net.entry(tenant.clone()).or_default().0 += cost.total().signed();
         }
         r
+    }
+    /// A running stream's step: a charge, not a settlement (not counted as a correction).
+    fn charge_streamed(&self, tenant: &TenantId, extra: Charge) -> bool {
+        let ok = self.inner.charge_streamed(tenant, extra);
+        let mut net = self.net.lock().unwrap();
+        net.entry(tenant.clone()).or_default().0 += extra.total().signed();
+        ok
     }
     fn adjust(&self, tenant: &TenantId, input: i64, output: i64) {
         self.inner.adjust(tenant, input, output);
