@@ -83,6 +83,7 @@ async fn a_stream_past_max_stream_output_tokens_is_ended_cleanly_and_cancelled_u
     .await;
     assert_eq!(r.status, 200);
     let deltas = assert_cut(&r.body);
+    eprintln!("max_stream_output_tokens = 200, 5 000 asked: cut after {deltas} deltas");
     // Cut within one counting step (64 tokens) of the cap, far from the 5 000 asked for.
     assert!((200..=400).contains(&deltas), "{deltas} deltas");
     let stats = mock.stats.clone();
@@ -130,6 +131,9 @@ async fn a_stream_past_the_tenants_remaining_budget_is_cut_with_cut_off_over_bud
     .await;
     assert_eq!(r.status, 200);
     let deltas = assert_cut(&r.body);
+    eprintln!(
+        "tokens_per_minute = 3000, cut_off_over_budget, 8 000 asked: cut after {deltas} deltas"
+    );
     // The bucket held 3 000 (plus what refilled meanwhile, 50 a second).
     assert!((2000..=4500).contains(&deltas), "{deltas} deltas");
     assert_eq!(rejected(proxy.addr, "b").await, 1.0);
@@ -202,6 +206,9 @@ async fn a_long_streams_cost_is_seen_while_it_runs() {
         .unwrap()
         .parse()
         .unwrap();
+    eprintln!(
+        "mid-stream after {seen} tokens: fair-queue credit {credit}, bucket remaining {remaining} of 3000"
+    );
     assert!(remaining < 2_300, "remaining {remaining} mid-stream");
     drop(body);
 }
