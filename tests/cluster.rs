@@ -226,7 +226,7 @@ async fn a_pool_limit_holds_across_replicas() {
         let mut conn = conn.clone();
         async move {
             let n: u64 = redis::cmd("ZCARD")
-                .arg("fairgate:pool:mock:leases")
+                .arg("{fairgate}:pool:mock:leases")
                 .query_async(&mut conn)
                 .await
                 .unwrap();
@@ -438,7 +438,7 @@ async fn e_a_dead_replicas_slots_come_back_within_the_ttl() {
     let mut conn = redis.conn().await;
     let leases = |mut conn: redis::aio::MultiplexedConnection| async move {
         let n: u64 = redis::cmd("ZCARD")
-            .arg("fairgate:pool:mock:leases")
+            .arg("{fairgate}:pool:mock:leases")
             .query_async(&mut conn)
             .await
             .unwrap();
@@ -463,7 +463,7 @@ async fn e_a_dead_replicas_slots_come_back_within_the_ttl() {
             let c = c.clone();
             async move {
                 let n: Vec<String> = redis::cmd("ZRANGE")
-                    .arg("fairgate:pool:mock:leases")
+                    .arg("{fairgate}:pool:mock:leases")
                     .arg(0)
                     .arg(-1)
                     .query_async(&mut c.clone())
@@ -618,7 +618,7 @@ async fn g_rate_limits_hold_across_replicas() {
 /// Cluster-wide leases of pool `mock` right now.
 async fn leased(conn: &redis::aio::MultiplexedConnection) -> u64 {
     redis::cmd("ZCARD")
-        .arg("fairgate:pool:mock:leases")
+        .arg("{fairgate}:pool:mock:leases")
         .query_async(&mut conn.clone())
         .await
         .unwrap()
@@ -674,7 +674,7 @@ async fn h_a_limit_learned_from_429s_is_shared_by_the_replicas() {
     let mut shared_limit = None;
     for _ in 0..1000 {
         shared_limit = redis::cmd("GET")
-            .arg("fairgate:pool:mock:limit")
+            .arg("{fairgate}:pool:mock:limit")
             .query_async::<Option<u32>>(&mut conn.clone())
             .await
             .unwrap();
@@ -712,7 +712,7 @@ async fn h_a_limit_learned_from_429s_is_shared_by_the_replicas() {
     );
     let limits: Vec<u32> = rs.iter().map(|r| r.admission.capacity[0].limit()).collect();
     let shared: Option<u32> = redis::cmd("GET")
-        .arg("fairgate:pool:mock:limit")
+        .arg("{fairgate}:pool:mock:limit")
         .query_async(&mut conn.clone())
         .await
         .unwrap();
@@ -1060,4 +1060,132 @@ async fn a_replica_id_already_live_in_the_cluster_is_refused_at_startup() {
     }
     assert!(again.is_some(), "r0 is free again once its replica stopped");
     drop(other);
+}
+
+/// Starts a replica from `text`, retrying while its id is still claimed by one that stopped.
+async fn start_when_free(text: &str) -> ServerHandle {
+    for _ in 0..200 {
+        let config = fairgate::config::Config::from_toml_str(text).unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        if let Ok(h) = fairgate::server::start(config, listener).await {
+            return h;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the replica id never became free");
+}
+
+/// A replica restarted under a fixed `replica_id` continues its sync sequence: its batches are
+/// applied (its service reaches the shared hash), none is skipped or reported unapplied; every
+/// key carries the `{fairgate}` hash tag (one Redis Cluster slot).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn l_a_restarted_replica_resumes_its_sync_sequence() {
+    let Some(redis) = Redis::start() else { return };
+    let mock = slow_mock(0).await;
+    let text = replica_config(&redis, &mock.base_url(), 0, 4, 1024, &[("a", 1.0, "")]);
+    let conn = redis.conn().await;
+    let seq = || {
+        let mut c = conn.clone();
+        async move {
+            redis::cmd("HGET")
+                .arg("{fairgate}:service-seq")
+                .arg("r0")
+                .query_async::<Option<u64>>(&mut c)
+                .await
+                .unwrap()
+                .unwrap_or(0)
+        }
+    };
+    let served = || {
+        let mut c = conn.clone();
+        async move {
+            redis::cmd("HGET")
+                .arg("{fairgate}:service")
+                .arg("mock\u{1f}a")
+                .query_async::<Option<f64>>(&mut c)
+                .await
+                .unwrap()
+                .unwrap_or(0.0)
+        }
+    };
+    let first = start_when_free(&text).await;
+    for _ in 0..3 {
+        assert_eq!(chat(first.addr, "a", 8, &[]).await, 200);
+    }
+    assert!(until(250, || async { seq().await >= 10 && served().await > 0.0 }).await);
+    first.shutdown();
+    drop(first);
+    let second = start_when_free(&text).await;
+    let (last, before) = (seq().await, served().await);
+    for _ in 0..3 {
+        assert_eq!(chat(second.addr, "a", 8, &[]).await, 200);
+    }
+    assert!(
+        until(250, || async { seq().await >= last + 10 }).await,
+        "the sequence continues past {last}"
+    );
+    assert!(
+        until(250, || async { served().await > before }).await,
+        "the restarted replica's service reached Redis"
+    );
+    let unapplied = metric(second.addr, "fairgate_cluster_sync_unapplied_total").await;
+    assert_eq!(unapplied.unwrap_or(0.0), 0.0, "no batch was refused");
+    let mut c = conn.clone();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert!(!keys.is_empty());
+    for k in &keys {
+        assert!(k.starts_with("{fairgate}:"), "{k} has no hash tag");
+    }
+    drop(second);
+}
+
+/// An admission sent twice with its idempotency key (a retry after a timeout whose script did
+/// run) is charged once and gets the first answer back; a new admission is charged again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn m_a_retried_rate_admission_is_charged_once() {
+    let Some(redis) = Redis::start() else { return };
+    let mut conn = redis.conn().await;
+    let tat = "{fairgate}:rate:t:tokens";
+    let shared = conn.clone();
+    let admit = |once: &'static str| {
+        let mut c = shared.clone();
+        async move {
+            fairgate::cluster::scripts::RATE_ADMIT
+                .key(tat)
+                .key("{fairgate}:rate:t:requests")
+                .key(once)
+                .arg(100)
+                .arg(60_000.0) // 1 000 tokens a minute: 60 ms a token
+                .arg(1000)
+                .arg(0.0)
+                .arg(0)
+                .arg(10_000)
+                .invoke_async::<Vec<i64>>(&mut c)
+                .await
+                .unwrap()
+        }
+    };
+    let first = admit("{fairgate}:adm:r0:x:1").await;
+    assert_eq!(first[0], 0, "admitted");
+    let level: String = redis::cmd("GET")
+        .arg(tat)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let again = admit("{fairgate}:adm:r0:x:1").await;
+    assert_eq!(again, first, "the retry gets the first answer");
+    let after: String = redis::cmd("GET")
+        .arg(tat)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(after, level, "and is not charged again");
+    let other = admit("{fairgate}:adm:r0:x:2").await;
+    assert_eq!(other[0], 0);
+    // 100 more tokens: the bucket's TAT moved ahead by 6 s (less the time between the calls).
+    assert!(other[2] > first[2] + 5_000_000, "{other:?} vs {first:?}");
 }

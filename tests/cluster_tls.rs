@@ -171,7 +171,7 @@ async fn rediss_with_a_private_ca_and_the_password_from_env() {
     let mut keys: Vec<String> = Vec::new();
     for _ in 0..150 {
         keys = redis::cmd("KEYS")
-            .arg("tlsok:*")
+            .arg("{tlsok}:*")
             .query_async(&mut conn)
             .await
             .unwrap();
@@ -180,7 +180,7 @@ async fn rediss_with_a_private_ca_and_the_password_from_env() {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert!(!keys.is_empty(), "nothing written to Redis under tlsok:*");
+    assert!(!keys.is_empty(), "nothing written to Redis under {{tlsok}}:*");
     assert_eq!(degraded(proxy.addr).await, Some(0.0));
     let text = scrape(proxy.addr).await;
     assert!(!text.contains(PASSWORD));
@@ -226,7 +226,7 @@ async fn rediss_refuses_an_untrusted_server_and_a_wrong_password() {
     );
     let mut conn = redis.conn().await;
     let keys: Vec<String> = redis::cmd("KEYS")
-        .arg("tlsnoca:*")
+        .arg("{tlsnoca}:*")
         .query_async(&mut conn)
         .await
         .unwrap();

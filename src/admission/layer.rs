@@ -8,13 +8,17 @@
 //!
 //! Writes the context's `rate` (the bucket state charged or refused with, which the
 //! `ratelimit` headers stage shows) and `admitted` (charge and deadline, which the queue and the
-//! retry stage read). A reconcile guard on the response body settles the ledger with the
-//! context's `usage` once the usage stage has written it; a request refused below before it
+//! retry stage read). A reconcile guard settles the ledger with the context's `usage`: it is
+//! handed down ([`Handoff`]) to the usage stage, which ties it to the body it observes, so it
+//! settles after the usage is written — also when a long output is counted off-thread after the
+//! client is gone. A guard that settles nothing (no usage: a non-2xx answer) leaves the charge
+//! as it stands. A request refused below before it
 //! reached the provider ([`crate::Error::never_sent`]: queue full, deadline passed in the
 //! queue) gets its whole charge back as credit.
 //!
 //! Errors of the stages below pass through untouched (they are rendered once, above).
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -27,21 +31,98 @@ use crate::context::{Admitted, Ctx};
 use crate::domain::{Charge, TenantId};
 use crate::error::Error;
 use crate::ratelimit::{RateStore, Refusal};
-use crate::response::ResponseBody;
+use crate::response::{Handoff, Meter, Progress, ResponseBody};
 
-/// Settles the tenant's ledger when the response body is done.
-struct Reconcile {
+/// One admission's charge to the tenant's ledger, settled exactly once (whichever of the
+/// reconcile guard and the error path comes first). A stream metered while it runs is debited
+/// in steps (`streamed`: output tokens charged beyond the estimate); the settling reconciles
+/// against the estimate plus those steps.
+struct Charged {
     store: Arc<dyn RateStore>,
     tenant: TenantId,
     estimated: Charge,
+    streamed: AtomicU64,
+    done: AtomicBool,
+}
+
+impl Charged {
+    /// Settles with `actual` unless already settled.
+    fn settle(&self, actual: Charge) {
+        if !self.done.swap(true, Ordering::AcqRel) {
+            let charged = Charge {
+                input: self.estimated.input,
+                output: self
+                    .estimated
+                    .output
+                    .saturating_add(self.streamed.load(Ordering::Acquire)),
+            };
+            self.store.reconcile(&self.tenant, charged, actual);
+        }
+    }
+
+    /// Debits a stream's output counted so far beyond what was charged; `false` when the
+    /// tenant's token budget did not cover it.
+    fn step(&self, output: u64) -> bool {
+        if self.done.load(Ordering::Acquire) {
+            return true;
+        }
+        let charged = self
+            .estimated
+            .output
+            .saturating_add(self.streamed.load(Ordering::Acquire));
+        if output <= charged {
+            return true;
+        }
+        let extra = output - charged;
+        self.streamed.fetch_add(extra, Ordering::AcqRel);
+        self.store.charge_streamed(
+            &self.tenant,
+            Charge {
+                input: 0,
+                output: extra,
+            },
+        )
+    }
+}
+
+/// The stream limits of one admitted request (`max_stream_output_tokens`,
+/// `cut_off_over_budget`).
+#[derive(Clone, Copy, Debug)]
+struct StreamLimits {
+    max_output: Option<u64>,
+    cut_off_over_budget: bool,
+}
+
+/// Settles the tenant's ledger when the body observed by `usage` is done (it travels down in a
+/// [`Handoff`]): with the usage when it was written; with nothing (the whole charge back) when
+/// the request was never dispatched (client gone while queued, refused in the queue); else (it
+/// reached the provider, no usage: a non-2xx answer, a client gone before the head) the charge
+/// stands. While a stream runs it meters it: the buckets are debited in steps, and the stream is
+/// ended when it passes `max_stream_output_tokens`, or the remaining budget with
+/// `cut_off_over_budget`.
+struct Reconcile {
+    charged: Option<Arc<Charged>>,
+    limits: StreamLimits,
     ctx: Ctx,
+}
+
+impl Meter for Reconcile {
+    fn progress(&mut self, p: Progress) -> bool {
+        let covered = self.charged.as_ref().is_none_or(|c| c.step(p.output));
+        let over_cap = self.limits.max_output.is_some_and(|m| p.output > m);
+        !(over_cap || (self.limits.cut_off_over_budget && !covered))
+    }
 }
 
 impl Drop for Reconcile {
     fn drop(&mut self) {
+        let Some(charged) = &self.charged else {
+            return;
+        };
         if let Some(actual) = self.ctx.usage() {
-            self.store
-                .reconcile(&self.tenant, self.estimated, actual.tokens);
+            charged.settle(actual.tokens);
+        } else if self.ctx.dispatch().is_none() {
+            charged.settle(Charge::default());
         }
     }
 }
@@ -149,23 +230,43 @@ where
                 None
             };
             ctx.set_admitted(Admitted { charged, deadline });
-            let res = inner.call(req).await;
-            let Some(charged) = charged else {
-                return res;
+            let stream_limits = StreamLimits {
+                max_output: limits.max_stream_output_tokens,
+                cut_off_over_budget: limits.cut_off_over_budget,
             };
+            let metered = stream_limits.max_output.is_some() || charged.is_some();
+            if !metered {
+                return inner.call(req).await;
+            }
+            let charged = charged.map(|estimated| {
+                Arc::new(Charged {
+                    store: adm.store.clone(),
+                    tenant: tenant.clone(),
+                    estimated,
+                    streamed: AtomicU64::new(0),
+                    done: AtomicBool::new(false),
+                })
+            });
+            let handoff = Handoff::default();
+            handoff.push(Box::new(Reconcile {
+                charged: charged.clone(),
+                limits: stream_limits,
+                ctx: ctx.clone(),
+            }));
+            let mut req = req;
+            req.extensions_mut().insert(handoff.clone());
+            let res = inner.call(req).await;
             match res {
                 Ok(mut res) => {
-                    res.body_mut().attach(Box::new(Reconcile {
-                        store: adm.store.clone(),
-                        tenant,
-                        estimated: charged,
-                        ctx,
-                    }));
+                    // No usage stage below took it: tied to this body.
+                    for meter in handoff.take() {
+                        res.body_mut().attach_meter(meter);
+                    }
                     Ok(res)
                 }
                 Err(e) => {
-                    if e.never_sent() {
-                        adm.store.reconcile(&tenant, charged, Charge::default());
+                    if let (true, Some(c)) = (e.never_sent(), &charged) {
+                        c.settle(Charge::default());
                     }
                     Err(e)
                 }

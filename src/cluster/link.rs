@@ -176,9 +176,15 @@ impl Link {
         })
     }
 
-    /// A key under the configured prefix.
+    /// A key under the configured prefix, which is a Redis Cluster hash tag (`{fairgate}:…`,
+    /// unless the prefix already holds one): every key fairgate uses lives in one slot, so
+    /// every multi-key script runs on a Redis Cluster too.
     pub fn key(&self, parts: &[&str]) -> String {
-        let mut k = self.prefix.clone();
+        let mut k = if self.prefix.contains('{') && self.prefix.contains('}') {
+            self.prefix.clone()
+        } else {
+            format!("{{{}}}", self.prefix)
+        };
         for p in parts {
             k.push(':');
             k.push_str(p);

@@ -52,6 +52,9 @@ pub struct Cluster {
     pools: Vec<(String, Arc<FairQueue>)>,
     config: ClusterConfig,
     weights: HashMap<TenantId, crate::domain::Weight>,
+    /// `fairgate_cluster_sync_unapplied_total`: sync batches Redis did not apply (see
+    /// [`service`]).
+    unapplied: metrics::Counter,
 }
 
 /// This replica's id: configured, else host name, pid and a random suffix.
@@ -130,6 +133,7 @@ impl Cluster {
         config: &Config,
         pools: &[Arc<FairQueue>],
         admission: &Admission,
+        unapplied: metrics::Counter,
     ) -> Arc<Self> {
         let cfg = config.cluster.clone().expect("cluster mode is configured");
         let gates = config
@@ -160,6 +164,7 @@ impl Cluster {
             pools,
             config: cfg,
             weights,
+            unapplied,
         })
     }
 
@@ -190,6 +195,7 @@ impl Cluster {
             Some(self.store.clone()),
             self.weights.clone(),
             Duration::from_millis(self.config.sync_interval_ms),
+            self.unapplied.clone(),
         );
         tokio::spawn(syncer.run(stop));
     }

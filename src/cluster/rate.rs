@@ -5,8 +5,10 @@
 //! Estimate at admission, correct at reconcile: `adjust` (over-estimates credited, under-
 //! estimates and retried attempts charged) adds to a per-tenant pending delta, flushed by the
 //! sync task every `sync_interval_ms` in its one script call, idempotently ([`SYNC`]): credit
-//! moves the token bucket's TAT back (never past "full"), debt moves it ahead (at most two
-//! buckets) — the same ±one-bucket bound as the in-memory ledger.
+//! moves the token bucket's TAT back (never past "full"), debt moves it ahead (at most one
+//! bucket plus `[admission] max_debt_minutes` of the rate) — the in-memory ledger's debt
+//! policy: GCRA pays debt with time, so an idle debtor pays by waiting and nothing within the
+//! bound is forgiven.
 //!
 //! Degraded mode (Redis unreachable for `degrade_after_ms`; a single call that fails or is slower
 //! than `timeout_ms` gets the same answer for that call alone), stated per limit:
@@ -29,20 +31,27 @@ use crate::config::{Config, TenantLimits};
 use crate::domain::TenantId;
 use crate::ratelimit::{BucketState, Budget, Charge, MemoryStore, RateState, RateStore, Refusal};
 
+/// How long an admission's answer is kept for a retry of it, ms.
+const IDEMPOTENCY_TTL_MS: u64 = 10_000;
+
 /// One GCRA bucket: emission interval T (µs per cell) and size B (cells).
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Gcra {
     pub t_us: f64,
     pub size: u64,
+    /// Debt carried beyond the bucket, cells: `max_debt_minutes` of the rate, at least one
+    /// bucket (the in-memory ledger's bound).
+    pub debt: u64,
 }
 
 impl Gcra {
-    fn new(per_minute: Option<u32>, burst: f64) -> Option<Self> {
+    fn new(per_minute: Option<u32>, burst: f64, debt_minutes: u32) -> Option<Self> {
         let pm = per_minute?;
         let size = (f64::from(pm) * burst).round().max(1.0) as u64;
         Some(Self {
             t_us: 60e6 / f64::from(pm.max(1)),
             size,
+            debt: (u64::from(pm) * u64::from(debt_minutes)).max(size),
         })
     }
 
@@ -77,6 +86,10 @@ pub struct RedisStore {
     corrections: [std::sync::atomic::AtomicU64; 2],
     /// Corrections taken for flushes so far (each batch is applied when its flush succeeds).
     taken: std::sync::atomic::AtomicU64,
+    /// This process's admissions: idempotency keys `adm:<replica>:<nonce>:<n>` (the nonce
+    /// keeps a restarted replica with the same id from reusing a live key).
+    admissions: std::sync::atomic::AtomicU64,
+    nonce: u64,
     /// Each tenant's buckets as of its last admission here (the `x-ratelimit-*` headers of a
     /// response admission did not charge; reading Redis for them would cost a round trip).
     last: Mutex<HashMap<TenantId, RateState>>,
@@ -102,8 +115,8 @@ impl RedisStore {
             .iter()
             .filter_map(|(id, l)| {
                 let lim = Limits {
-                    tokens: Gcra::new(l.tokens_per_minute, l.burst),
-                    requests: Gcra::new(l.requests_per_minute, l.burst),
+                    tokens: Gcra::new(l.tokens_per_minute, l.burst, l.max_debt_minutes),
+                    requests: Gcra::new(l.requests_per_minute, l.burst, l.max_debt_minutes),
                     tokens_key: link.key(&["rate", id.as_str(), "tokens"]),
                     requests_key: link.key(&["rate", id.as_str(), "requests"]),
                 };
@@ -130,6 +143,8 @@ impl RedisStore {
             last: Mutex::default(),
             corrections: Default::default(),
             taken: Default::default(),
+            admissions: Default::default(),
+            nonce: rand::random(),
         }
     }
 
@@ -202,15 +217,28 @@ impl RateStore for RedisStore {
             };
             let (tt, tb) = l.tokens.map_or((0.0, 0), |g| (g.t_us, g.size));
             let (rt, rb) = l.requests.map_or((0.0, 0), |g| (g.t_us, g.size));
+            let n = self
+                .admissions
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let id = format!("{:x}:{n}", self.nonce);
+            let once = self.link.key(&["adm", &self.link.replica, &id]);
             let mut inv = RATE_ADMIT.prepare_invoke();
             inv.key(&l.tokens_key)
                 .key(&l.requests_key)
+                .key(&once)
                 .arg(cost.0)
                 .arg(tt)
                 .arg(tb)
                 .arg(rt)
-                .arg(rb);
-            let Some(v) = self.link.run::<Vec<i64>>(&inv).await else {
+                .arg(rb)
+                .arg(IDEMPOTENCY_TTL_MS);
+            // One retry after a failed call (e.g. a timeout whose script did run): the same
+            // idempotency key, so it is charged once.
+            let mut answer = self.link.run::<Vec<i64>>(&inv).await;
+            if answer.is_none() && !self.link.degraded() {
+                answer = self.link.run::<Vec<i64>>(&inv).await;
+            }
+            let Some(v) = answer else {
                 return self.admit_degraded(tenant, charge);
             };
             let get = |i: usize| v.get(i).copied().unwrap_or(0);

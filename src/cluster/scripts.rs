@@ -86,8 +86,12 @@ return {granted, lost, share, others, limit, redis.call('ZCARD', KEYS[1])}
 /// neither charged. A bucket's state is its theoretical arrival time (TAT, µs); admitting n
 /// cells moves it to max(TAT, now) + n·T and is allowed while that is ≤ now + B·T.
 ///
-/// KEYS: token TAT, request TAT. ARGV: cost, token T µs, token B (0: no bucket), request T µs,
-/// request B (0: no bucket).
+/// Idempotent: an admission carries a key of its own; its answer is kept for 10 s, so an
+/// admission retried after a lost answer (a timeout) gets the first answer back and is not
+/// charged twice.
+///
+/// KEYS: token TAT, request TAT, the admission's idempotency key. ARGV: cost, token T µs, token
+/// B (0: no bucket), request T µs, request B (0: no bucket), idempotency TTL ms.
 /// Returns {verdict (0 ok, 1 requests, 2 tokens, 3 larger than the bucket), retry µs,
 /// token TAT − now µs, request TAT − now µs}.
 pub static RATE_ADMIT: LazyLock<Script> = LazyLock::new(|| {
@@ -95,6 +99,8 @@ pub static RATE_ADMIT: LazyLock<Script> = LazyLock::new(|| {
         r#"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local done = redis.call('GET', KEYS[3])
+if done then return cjson.decode(done) end
 local cost = tonumber(ARGV[1])
 local tT, tB, rT, rB = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local function probe(key, n, T, B)
@@ -126,7 +132,9 @@ if rnew then
   redis.call('SET', KEYS[2], string.format('%.0f', rnew), 'PX', math.ceil((rnew - now) / 1000) + 1000)
   rleft = rnew - now
 end
-return {0, 0, math.floor(tleft), math.floor(rleft)}
+local answer = {0, 0, math.floor(tleft), math.floor(rleft)}
+redis.call('SET', KEYS[3], cjson.encode(answer), 'PX', tonumber(ARGV[6]))
+return answer
 "#,
     )
 });
@@ -135,10 +143,14 @@ return {0, 0, math.floor(tleft), math.floor(rleft)}
 /// (a batch carries a sequence number per replica; a batch retried after a lost answer is not
 /// applied twice), then every tenant's cluster-wide weighted service read back.
 ///
-/// KEYS: service hash (field `pool␟tenant` → tokens/weight), applied-sequence hash.
-/// ARGV: replica, seq, n_service, (field, delta)…, n_rate, (TAT key, delta cells, T µs, B)…
+/// KEYS: service hash (field `pool␟tenant` → tokens/weight), applied-sequence hash, then the
+/// token TAT key of each rate correction (every key shares the prefix's hash tag: one slot).
+/// ARGV: replica, seq, n_service, (field, delta)…, n_rate, (delta cells, T µs, cap cells)…
+/// (the i-th correction's key is KEYS[2 + i]; cap = bucket + debt bound).
 /// A rate delta > 0 is credit (TAT moves back, never before now), < 0 debt (TAT moves ahead,
-/// at most two buckets). Returns {applied (0/1), HGETALL service}.
+/// at most `cap` cells: one bucket plus `max_debt_minutes` of the rate). Returns {applied (0/1), HGETALL service, the replica's last applied
+/// sequence (this one when applied)}: a batch not applied whose sequence is not the last
+/// applied one was never applied (another run of this `replica_id` used its number).
 pub static SYNC: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
@@ -149,6 +161,7 @@ local last = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '-1')
 local applied = 0
 if seq > last then
   applied = 1
+  last = seq
   redis.call('HSET', KEYS[2], ARGV[1], seq)
   redis.call('PEXPIRE', KEYS[2], 86400000)
   local i = 3
@@ -158,13 +171,13 @@ if seq > last then
   end
   n = tonumber(ARGV[i]); i = i + 1
   for j = 1, n do
-    local key, d, T, B = ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
-    i = i + 4
+    local key, d, T, B = KEYS[2 + j], tonumber(ARGV[i]), tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])
+    i = i + 3
     local tat = tonumber(redis.call('GET', key) or '0')
     if tat < now then tat = now end
     tat = tat - d * T
     if tat < now then tat = now end
-    if tat > now + 2 * B * T then tat = now + 2 * B * T end
+    if tat > now + B * T then tat = now + B * T end
     if tat > now then
       redis.call('SET', key, string.format('%.0f', tat), 'PX', math.ceil((tat - now) / 1000) + 1000)
     else
@@ -172,7 +185,19 @@ if seq > last then
     end
   end
 end
-return {applied, redis.call('HGETALL', KEYS[1])}
+return {applied, redis.call('HGETALL', KEYS[1]), last}
+"#,
+    )
+});
+
+/// The last sequence applied for a replica (0: none), read when its syncer starts so a
+/// replica restarted under a fixed `replica_id` continues its numbering.
+///
+/// KEYS: applied-sequence hash. ARGV: replica.
+pub static SYNC_RESUME: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"
+return tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0')
 "#,
     )
 });

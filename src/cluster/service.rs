@@ -19,7 +19,13 @@
 //! It does not grow with time: every tick's excess is charged at the next one.
 //!
 //! No double counting: a batch carries a per-replica sequence number and is retried unchanged
-//! until Redis confirms it, and the script applies a sequence once. After an outage (new
+//! until Redis confirms it, and the script applies a sequence once. No batch silently skipped:
+//! the numbering resumes from the last sequence Redis applied for this `replica_id` (a replica
+//! restarted under a fixed id continues it), and a batch the script did not apply although it
+//! was never applied before (its number was used by another run of this id: Redis was
+//! unreachable at start, or two processes share the id) is logged, counted in
+//! `fairgate_cluster_sync_unapplied_total`, renumbered after the last applied one and sent
+//! again. After an outage (new
 //! [`Link::epoch`]) the service baseline is read afresh and nothing is charged for the gap.
 //! Everything is bounded: at most one batch in flight, deltas accumulate per tenant.
 
@@ -32,7 +38,7 @@ use tokio::sync::watch;
 
 use super::link::Link;
 use super::rate::RedisStore;
-use super::scripts::SYNC;
+use super::scripts::{SYNC, SYNC_RESUME};
 use crate::domain::{TenantId, Tokens, Weight};
 use crate::queue::FairQueue;
 
@@ -40,6 +46,8 @@ const SEP: char = '\u{1f}';
 
 struct Batch {
     seq: u64,
+    /// Sent before without an answer (a lost answer: it may have been applied).
+    resent: bool,
     service: HashMap<String, f64>,
     rate: Vec<(String, i64, f64, u64)>,
     /// Ledger corrections merged into `rate`.
@@ -54,6 +62,15 @@ pub struct Syncer {
     weights: HashMap<TenantId, Weight>,
     interval: Duration,
     keys: [String; 2],
+    unapplied: metrics::Counter,
+}
+
+/// What a flush learned: whether its batch was applied, every tenant's global service, and the
+/// replica's last applied sequence.
+struct Flushed {
+    applied: bool,
+    global: HashMap<String, f64>,
+    last: u64,
 }
 
 impl std::fmt::Debug for Syncer {
@@ -70,6 +87,7 @@ impl Syncer {
         store: Option<Arc<RedisStore>>,
         weights: HashMap<TenantId, Weight>,
         interval: Duration,
+        unapplied: metrics::Counter,
     ) -> Self {
         let keys = [link.key(&["service"]), link.key(&["service-seq"])];
         Self {
@@ -79,7 +97,16 @@ impl Syncer {
             weights,
             interval,
             keys,
+            unapplied,
         }
+    }
+
+    /// The last sequence Redis applied for this replica id (0: none, or Redis unreachable:
+    /// then a collision is caught at the first flush).
+    async fn resume(&self) -> u64 {
+        let mut inv = SYNC_RESUME.prepare_invoke();
+        inv.key(&self.keys[1]).arg(&self.link.replica);
+        self.link.run::<u64>(&inv).await.unwrap_or(0)
     }
 
     fn next_batch(&self, seq: u64) -> Batch {
@@ -100,12 +127,13 @@ impl Syncer {
                 .filter_map(|(t, d)| {
                     let l = s.tenants.get(&t)?;
                     let g = l.tokens?;
-                    Some((l.tokens_key.clone(), d, g.t_us, g.size))
+                    Some((l.tokens_key.clone(), d, g.t_us, g.size + g.debt))
                 })
                 .collect()
         });
         Batch {
             seq,
+            resent: false,
             service,
             rate,
             corrections,
@@ -114,7 +142,7 @@ impl Syncer {
 
     /// Ticks until `stop`, with one final flush.
     pub async fn run(self, mut stop: watch::Receiver<bool>) {
-        let mut seq = 0u64;
+        let mut seq = self.resume().await;
         let mut batch: Option<Batch> = None;
         let mut seen: Option<(u64, HashMap<String, f64>)> = None;
         let mut stopping = false;
@@ -123,12 +151,31 @@ impl Syncer {
                 _ = tokio::time::sleep(self.interval) => {}
                 _ = stop.wait_for(|s| *s), if !stopping => stopping = true,
             }
-            let b = batch.take().unwrap_or_else(|| {
+            let mut b = batch.take().unwrap_or_else(|| {
                 seq += 1;
                 self.next_batch(seq)
             });
-            match self.flush(&b).await {
-                Some(global) => {
+            let mut answer = self.flush(&b).await;
+            if let Some(f) = answer.as_ref().filter(|f| !f.applied) {
+                // Not applied: a duplicate of our own earlier attempt (its answer was lost) is
+                // fine; anything else was never applied — say so and send it again, renumbered.
+                if !(b.resent && f.last == b.seq) {
+                    self.unapplied.increment(1);
+                    tracing::warn!(
+                        replica = %self.link.replica,
+                        seq = b.seq,
+                        last_applied = f.last,
+                        "cluster: a sync batch was not applied (its sequence was already used \
+                         under this replica_id); renumbered and sent again"
+                    );
+                    seq = seq.max(f.last) + 1;
+                    b.seq = seq;
+                    b.resent = false;
+                    answer = self.flush(&b).await.filter(|f| f.applied);
+                }
+            }
+            match answer {
+                Some(Flushed { global, .. }) => {
                     if let Some(s) = &self.store {
                         s.applied(b.corrections);
                     }
@@ -141,7 +188,10 @@ impl Syncer {
                     }
                     seen = Some((epoch, global));
                 }
-                None => batch = Some(b),
+                None => {
+                    b.resent = true;
+                    batch = Some(b);
+                }
             }
             if stopping {
                 return;
@@ -149,7 +199,7 @@ impl Syncer {
         }
     }
 
-    async fn flush(&self, b: &Batch) -> Option<HashMap<String, f64>> {
+    async fn flush(&self, b: &Batch) -> Option<Flushed> {
         let mut inv = SYNC.prepare_invoke();
         inv.key(&self.keys[0])
             .key(&self.keys[1])
@@ -161,12 +211,15 @@ impl Syncer {
         }
         inv.arg(b.rate.len());
         for (key, d, t, size) in &b.rate {
-            inv.arg(key).arg(*d).arg(*t).arg(*size);
+            inv.key(key).arg(*d).arg(*t).arg(*size);
         }
         let v: Value = self.link.run(&inv).await?;
         let Value::Array(items) = v else {
             return None;
         };
+        let int = |i: usize| -> Option<i64> { redis::from_redis_value_ref(items.get(i)?).ok() };
+        let applied = int(0)? == 1;
+        let last = u64::try_from(int(2)?).unwrap_or(0);
         let Some(Value::Array(pairs)) = items.get(1) else {
             return None;
         };
@@ -181,7 +234,11 @@ impl Syncer {
                 global.insert(k, v);
             }
         }
-        Some(global)
+        Some(Flushed {
+            applied,
+            global,
+            last,
+        })
     }
 
     /// Charges every tenant what it received on other replicas since `prev`.

@@ -119,6 +119,9 @@ pub struct AdmissionConfig {
     /// Total time one request may wait between its upstream attempts (holding its pool slot),
     /// ms; a retry that would wait longer is not made and the 429 goes to the client.
     pub max_retry_wait_ms: u64,
+    /// Debt (usage beyond what admission charged) a token bucket carries, in minutes of that
+    /// bucket's rate: it is paid by later admissions, never forgiven while within this bound.
+    pub max_debt_minutes: u32,
 }
 
 impl Default for AdmissionConfig {
@@ -131,6 +134,7 @@ impl Default for AdmissionConfig {
             retry_backoff_ms: 50,
             retry_backoff_max_ms: 2_000,
             max_retry_wait_ms: 3_000,
+            max_debt_minutes: 10,
         }
     }
 }
@@ -154,6 +158,12 @@ pub struct TenantLimits {
     pub max_output_tokens: u64,
     /// Queue-wait budget, ms.
     pub max_queue_wait_ms: Option<u64>,
+    /// Debt a token bucket carries, in minutes of its rate (`[admission] max_debt_minutes`).
+    pub max_debt_minutes: u32,
+    /// A stream is ended once its counted output passes this (none: no cap).
+    pub max_stream_output_tokens: Option<u64>,
+    /// A stream is ended once its counted output passes the tenant's remaining token budget.
+    pub cut_off_over_budget: bool,
 }
 
 /// `[server]`.
@@ -416,6 +426,14 @@ pub struct PlanConfig {
     /// Queue-wait budget in ms (default `[admission] max_queue_wait_ms`).
     #[serde(default)]
     pub max_queue_wait_ms: Option<u64>,
+    /// A stream is ended (a final error event and `[DONE]`) once its counted output passes
+    /// this many tokens (optional; default none).
+    #[serde(default)]
+    pub max_stream_output_tokens: Option<u64>,
+    /// A stream is ended once its counted output passes the tenant's remaining token budget
+    /// (optional; default false: the overrun becomes debt).
+    #[serde(default)]
+    pub cut_off_over_budget: Option<bool>,
 }
 
 fn one() -> f64 {
@@ -489,6 +507,14 @@ pub struct TenantConfig {
     /// Queue-wait budget in ms (default `[admission] max_queue_wait_ms`).
     #[serde(default)]
     pub max_queue_wait_ms: Option<u64>,
+    /// A stream is ended (a final error event and `[DONE]`) once its counted output passes
+    /// this many tokens (optional; default none).
+    #[serde(default)]
+    pub max_stream_output_tokens: Option<u64>,
+    /// A stream is ended once its counted output passes the tenant's remaining token budget
+    /// (optional; default false: the overrun becomes debt).
+    #[serde(default)]
+    pub cut_off_over_budget: Option<bool>,
 }
 
 impl TenantConfig {
@@ -543,6 +569,9 @@ impl TenantConfig {
             max_input_tokens: pick!(max_input_tokens).unwrap_or(d.max_input_tokens),
             max_output_tokens: pick!(max_output_tokens).unwrap_or(d.max_output_tokens),
             max_queue_wait_ms: pick!(max_queue_wait_ms).or(d.max_queue_wait_ms),
+            max_debt_minutes: d.max_debt_minutes,
+            max_stream_output_tokens: pick!(max_stream_output_tokens),
+            cut_off_over_budget: pick!(cut_off_over_budget).unwrap_or(false),
         }
     }
 }

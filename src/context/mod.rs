@@ -67,6 +67,9 @@ pub struct Context {
     /// and the response was aborted. Writer: the connection's write watchdog
     /// (`server::stall`), before it drops the body (so the log line sees it).
     stalled: AtomicBool,
+    /// The response stream was ended by fairgate for this reason (`stream_budget`: the tenant's
+    /// `max_stream_output_tokens` or remaining token budget was passed). Writer: `usage`.
+    cut: OnceLock<&'static str>,
 }
 
 /// The client connection's peer address, put in each request's extensions by the connection
@@ -148,6 +151,7 @@ impl Ctx {
             retries: AtomicU32::new(0),
             usage: OnceLock::new(),
             stalled: AtomicBool::new(false),
+            cut: OnceLock::new(),
         }))
     }
 }
@@ -271,6 +275,16 @@ impl Context {
     /// Whether the response was aborted because the client stopped reading it.
     pub fn stalled(&self) -> bool {
         self.stalled.load(Ordering::Relaxed)
+    }
+
+    /// Why fairgate ended the response stream early, if it did.
+    pub fn cut(&self) -> Option<&'static str> {
+        self.cut.get().copied()
+    }
+
+    /// Writer: `usage` (the stream was cut for `reason`).
+    pub fn set_cut(&self, reason: &'static str) {
+        set(&self.cut, reason, "cut");
     }
 
     /// Writer: the connection's write watchdog (`server::stall`).

@@ -207,6 +207,11 @@ impl Drop for Done {
             self.refused = Some("client_stalled");
             self.record.tenant.rejected("client_stalled");
         }
+        if let (Some(reason), None) = (self.record.ctx.cut(), self.refused) {
+            // fairgate ended the stream at the tenant's stream limit (`usage`).
+            self.refused = Some(reason);
+            self.record.tenant.rejected(reason);
+        }
         let r = &self.record;
         let total = r.start.elapsed();
         let t = &r.tenant;

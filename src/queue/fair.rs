@@ -201,6 +201,17 @@ impl FairQueue {
         failed
     }
 
+    /// Charges a running slot's tenant `extra` in the slot's lane (from `Permit`, a stream
+    /// metered as it runs).
+    pub(super) fn charge_running(&self, slot: Slot, extra: Tokens) {
+        let mut inner = self.lock();
+        let zero = Slot {
+            cost: Tokens(0),
+            ..slot
+        };
+        inner.sched.reconcile(zero, extra);
+    }
+
     /// Returns a slot (from `Permit::drop`) and dispatches what it makes room for.
     pub(super) fn release(self: &Arc<Self>, slot: Slot, actual: Option<Tokens>, held: Duration) {
         let failed = {

@@ -64,6 +64,19 @@ struct Held {
     ctx: Ctx,
 }
 
+impl crate::response::Meter for Held {
+    /// A stream's counted cost, charged to the tenant's credit in steps as it passes what
+    /// dispatch charged: the fair queue sees a long stream's cost while it runs.
+    fn progress(&mut self, p: crate::response::Progress) -> bool {
+        let charged = self.permit.charged().0;
+        if p.cost > charged {
+            self.permit
+                .charge_running(crate::domain::Tokens(p.cost - charged));
+        }
+        true
+    }
+}
+
 impl Drop for Held {
     fn drop(&mut self) {
         let actual = self.ctx.usage().map(|u| u.cost);
@@ -125,7 +138,7 @@ where
                 ctx: ctx.clone(),
             };
             let mut res = inner.call(req).await?;
-            res.body_mut().attach(Box::new(held));
+            res.body_mut().attach_meter(Box::new(held));
             Ok(res)
         })
     }

@@ -47,6 +47,16 @@ impl Permit {
         self.slot.cost
     }
 
+    /// Charges the tenant's credit `extra` more while the request runs (a stream whose counted
+    /// output passed what dispatch charged); the release reconciles against the raised charge.
+    pub fn charge_running(&mut self, extra: Tokens) {
+        if extra.0 == 0 {
+            return;
+        }
+        self.queue.charge_running(self.slot, extra);
+        self.slot.cost = Tokens(self.slot.cost.0.saturating_add(extra.0));
+    }
+
     /// Records what the request cost for the release to reconcile credit with: the actual
     /// cost (`None`: unknown, the charge stands) and the upstream attempts beyond the first,
     /// each charged the cost charged at dispatch (a tenant's retry storm is paid by that

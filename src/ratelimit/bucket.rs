@@ -84,7 +84,19 @@ impl Bucket {
         self.state(remaining.clamp(0, i128::from(self.size())) as u64)
     }
 
-    fn refill_time(&self, cells: u64) -> Duration {
+    /// Now, on the bucket's clock.
+    pub fn now(&self) -> Duration {
+        self.clock.now()
+    }
+
+    /// Cells that refill in `elapsed` (not capped at the bucket size).
+    pub fn cells_in(&self, elapsed: Duration) -> u64 {
+        let interval = self.quota.replenish_interval().as_nanos().max(1);
+        u64::try_from(elapsed.as_nanos() / interval).unwrap_or(u64::MAX)
+    }
+
+    /// How long `cells` take to refill (not capped at the bucket size).
+    pub fn refill_time(&self, cells: u64) -> Duration {
         self.quota
             .replenish_interval()
             .saturating_mul(u32::try_from(cells).unwrap_or(u32::MAX))

@@ -170,6 +170,13 @@ pub trait RateStore: Send + Sync + 'static {
             -Tokens(extra.output).signed(),
         );
     }
+    /// Charges `extra` of a stream's output counted while it runs; `false` when the tenant's
+    /// token budget did not cover it (the stream went past its remaining budget). The default
+    /// (the shared store) charges and says `true`: only `max_stream_output_tokens` cuts there.
+    fn charge_streamed(&self, tenant: &TenantId, extra: Charge) -> bool {
+        self.charge(tenant, extra);
+        true
+    }
     /// The store for a reloaded configuration's `limits` (config reload): tenants whose rates
     /// are unchanged keep their buckets and ledgers, changed and new ones start full, removed
     /// ones are dropped. `None`: this store does not take limits from the configuration; the

@@ -27,12 +27,55 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// A guard whose lifetime is tied to a response body.
 pub type Guard = Box<dyn Any + Send + Sync>;
 
+/// What a streamed response has produced so far, counted as its chunks pass (`usage`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Progress {
+    /// Output tokens so far.
+    pub output: u64,
+    /// Their cost with the request's input, in the fair queue's weighted tokens.
+    pub cost: u64,
+}
+
+/// A guard that also follows a streamed response's cost while it runs: the fair queue's permit
+/// (credit charged in steps) and admission's ledger guard (the token buckets debited in steps).
+pub trait Meter: Send + Sync + 'static {
+    /// The response has produced `progress` so far (it only grows). `false`: the stream passed
+    /// a limit this meter enforces and should be ended.
+    fn progress(&mut self, progress: Progress) -> bool;
+}
+
+/// Meters a stage hands down, in the request's extensions, to be attached by a stage below to
+/// the body *it* returns: a guard that must settle after something the stage below writes
+/// (admission's ledger reconcile after `usage`, which may be written off-thread once the body
+/// above is gone) travels with the inner body. A meter never taken drops with the request.
+#[derive(Clone, Default)]
+pub struct Handoff(std::sync::Arc<std::sync::Mutex<Vec<Box<dyn Meter>>>>);
+
+impl Handoff {
+    /// Hands `meter` down.
+    pub fn push(&self, meter: Box<dyn Meter>) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).push(meter);
+    }
+
+    /// Takes the meters handed down so far.
+    pub fn take(&self) -> Vec<Box<dyn Meter>> {
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+}
+
+impl std::fmt::Debug for Handoff {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Handoff").finish_non_exhaustive()
+    }
+}
+
 pin_project_lite::pin_project! {
     /// The response body of every stage; see the module docs.
     pub struct ResponseBody {
         #[pin]
         inner: Inner,
         guards: Vec<Guard>,
+        meters: Vec<Box<dyn Meter>>,
     }
 }
 
@@ -80,6 +123,7 @@ impl ResponseBody {
         Self {
             inner,
             guards: Vec::new(),
+            meters: Vec::new(),
         }
     }
 
@@ -88,10 +132,32 @@ impl ResponseBody {
         self.guards.push(guard);
     }
 
-    /// Takes the guards attached so far, for a wrapper that must keep them alive past this
-    /// body (e.g. `usage` counting a finished stream's text off-thread before the permit goes).
+    /// Keeps `meter` alive until this body is dropped, and tells it the stream's progress.
+    pub fn attach_meter(&mut self, meter: Box<dyn Meter>) {
+        self.meters.push(meter);
+    }
+
+    /// Tells every meter the stream's progress; `false` if one says the stream must end.
+    pub fn progress(self: Pin<&mut Self>, progress: Progress) -> bool {
+        let mut go_on = true;
+        for m in self.project().meters.iter_mut() {
+            go_on &= m.progress(progress);
+        }
+        go_on
+    }
+
+    /// Takes the guards (and meters) attached so far, for a wrapper that must keep them alive
+    /// past this body (e.g. `usage` counting a finished stream's text off-thread before the
+    /// permit goes).
     pub fn take_guards(self: Pin<&mut Self>) -> Vec<Guard> {
-        std::mem::take(self.project().guards)
+        let this = self.project();
+        let mut guards = std::mem::take(this.guards);
+        guards.extend(
+            std::mem::take(this.meters)
+                .into_iter()
+                .map(|m| Box::new(m) as Guard),
+        );
+        guards
     }
 }
 

@@ -157,7 +157,8 @@ impl State {
             .map(|(_, s)| s.clone() as Arc<dyn crate::ratelimit::RateStore>);
         let admission = Admission::with_store(&config, pools.clone(), store);
         let cluster = linked.map(|(link, store)| {
-            crate::cluster::Cluster::new(link, store, &config, &pools, &admission)
+            let unapplied = metrics.plain_counter("fairgate_cluster_sync_unapplied_total");
+            crate::cluster::Cluster::new(link, store, &config, &pools, &admission, unapplied)
         });
         Ok(Self {
             tenant_bytes: queue::bytes::TenantBudget {
@@ -561,6 +562,9 @@ async fn shutdown_signal() {
         let _ = tokio::signal::ctrl_c().await;
     }
 }
+
+#[cfg(test)]
+mod ledger_props;
 
 #[cfg(test)]
 mod tests {

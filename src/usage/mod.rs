@@ -40,7 +40,7 @@ use http_body::{Body as HttpBody, Frame, SizeHint};
 
 use crate::context::Ctx;
 use crate::estimate::{Estimate, Estimator};
-use crate::response::{BoxError, Guard, ResponseBody};
+use crate::response::{BoxError, Guard, Handoff, ResponseBody};
 use decode::Coding;
 use observe::{Observer, Work};
 
@@ -54,6 +54,12 @@ pin_project_lite::pin_project! {
         inner: ResponseBody,
         obs: Observer,
         ended: bool,
+        // SSE whose bytes reach the client as the provider sent them (identity): it can be
+        // ended with an event of fairgate's own.
+        cuttable: bool,
+        // The bytes forwarded so far ended at an SSE event boundary.
+        at_boundary: bool,
+        ctx: Ctx,
     }
     impl PinnedDrop for Body {
         fn drop(this: Pin<&mut Self>) {
@@ -65,6 +71,32 @@ pin_project_lite::pin_project! {
             finish(work, this.inner.as_mut());
         }
     }
+}
+
+/// The reason a stream cut for its limits is counted under (`fairgate_rejected_total`).
+pub const CUT_REASON: &str = "stream_budget";
+
+/// The bytes that end a cut stream: `out` up to its last complete event (or all of it, closed
+/// by a blank line, when none ends in it and the stream so far did not end at a boundary), then
+/// an error event in OpenAI's shape and `[DONE]`.
+fn cut(out: Bytes, at_boundary: bool) -> Bytes {
+    let end = out.windows(2).rposition(|w| w == b"\n\n").map(|i| i + 2);
+    let mut buf = Vec::with_capacity(out.len() + 256);
+    match end {
+        Some(end) => buf.extend_from_slice(&out[..end]),
+        None if !at_boundary => {
+            buf.extend_from_slice(&out);
+            buf.extend_from_slice(b"\n\n");
+        }
+        None => {}
+    }
+    buf.extend_from_slice(
+        b"data: {\"error\":{\"message\":\"The stream was ended: it passed this tenant's \
+          streamed output limit (max_stream_output_tokens) or its remaining token budget.\",\
+          \"type\":\"tokens\",\"param\":null,\"code\":\"stream_budget_exceeded\"}}\n\n\
+          data: [DONE]\n\n",
+    );
+    Bytes::from(buf)
 }
 
 /// Runs `work` on the blocking pool, holding `inner`'s guards until it is done.
@@ -96,8 +128,11 @@ impl Body {
     ) -> Self {
         Self {
             inner,
-            obs: Observer::new(estimate, estimator, ctx, sse, coding),
+            obs: Observer::new(estimate, estimator, ctx.clone(), sse, coding),
             ended: false,
+            cuttable: sse && coding == Some(Coding::Identity),
+            at_boundary: true,
+            ctx,
         }
     }
 }
@@ -120,9 +155,27 @@ impl HttpBody for Body {
                 Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
                     Ok(data) => {
                         let out = this.obs.see(data);
+                        let go_on = match this.obs.progress() {
+                            Some(p) => this.inner.as_mut().progress(p),
+                            None => true,
+                        };
+                        if !go_on && *this.cuttable {
+                            // Past a stream limit: usage is written now (from the text counted
+                            // so far), the upstream body is dropped (the provider's request is
+                            // cancelled, the guards settle), and the client gets a final error
+                            // event and `[DONE]`.
+                            this.ctx.set_cut(CUT_REASON);
+                            let out = cut(out, *this.at_boundary);
+                            let (_, work) = this.obs.end(false);
+                            finish(work, this.inner.as_mut());
+                            this.inner.set(ResponseBody::empty());
+                            *this.ended = true;
+                            return Poll::Ready(Some(Ok(Frame::data(out))));
+                        }
                         if out.is_empty() {
                             continue;
                         }
+                        *this.at_boundary = out.ends_with(b"\n\n") || out.ends_with(b"\r\n\r\n");
                         Poll::Ready(Some(Ok(Frame::data(out))))
                     }
                     Err(frame) => Poll::Ready(Some(Ok(frame))),
@@ -207,9 +260,19 @@ where
             return Box::pin(std::future::ready(Err(e)));
         }
         let estimator = self.estimator.clone();
+        // Guards that settle from the usage (admission's ledger) go on the body observed, so
+        // they drop after the usage is written, on- or off-thread.
+        let handed = req
+            .extensions()
+            .get::<Handoff>()
+            .map(Handoff::take)
+            .unwrap_or_default();
         let fut = self.inner.call(req);
         Box::pin(async move {
-            let res = fut.await?;
+            let mut res = fut.await?;
+            for meter in handed {
+                res.body_mut().attach_meter(meter);
+            }
             if !res.status().is_success() {
                 return Ok(res);
             }

@@ -143,12 +143,30 @@ impl Feed {
     }
 }
 
+/// A stream's output counted as it passes (SSE only): each byte of delta text is counted once,
+/// in steps of at least [`STEP_BYTES`], so the CPU spent is bounded by the text kept for the
+/// final count (`max_exact_bytes`); text past that is estimated from its bytes.
+#[derive(Debug, Default)]
+struct Running {
+    /// Bytes of the tally's text counted so far.
+    bytes: usize,
+    /// Tokens counted in them.
+    tokens: u64,
+    /// The last progress reported.
+    reported: u64,
+}
+
+/// New delta text is counted once this many bytes have arrived since the last count (about 64
+/// tokens: the meters see a stream's cost in steps that small).
+pub(super) const STEP_BYTES: usize = 256;
+
 /// The observing state; see the module docs.
 pub(super) struct Observer {
     feed: Feed,
     /// Why the bytes can no longer be read (`encoding`, `decode`); nothing more is fed then.
     lost: Option<&'static str>,
     ledger: Option<Ledger>,
+    running: Running,
 }
 
 impl Observer {
@@ -200,7 +218,36 @@ impl Observer {
                 model_weight: estimate.model_weight,
                 ctx,
             }),
+            running: Running::default(),
         }
+    }
+
+    /// A stream's progress, when its counted output grew by a step since the last report.
+    pub(super) fn progress(&mut self) -> Option<crate::response::Progress> {
+        let l = self.ledger.as_ref()?;
+        let plain = self.feed.plain();
+        if !matches!(plain.mode, Mode::Sse(_)) {
+            return None;
+        }
+        let tally = &plain.tally;
+        let new = tally.text.len() - self.running.bytes;
+        if new >= STEP_BYTES {
+            let counted = l
+                .estimator
+                .count_text(l.encoding, &tally.text[self.running.bytes..]);
+            self.running.tokens = self.running.tokens.saturating_add(counted.tokens);
+            self.running.bytes = tally.text.len();
+        }
+        let output = self
+            .running
+            .tokens
+            .saturating_add(tally.extra_bytes.div_ceil(4));
+        if output < self.running.reported.saturating_add(STEP_BYTES as u64 / 4) {
+            return None;
+        }
+        self.running.reported = output;
+        let cost = l.estimator.actual_cost(l.input, output, l.model_weight).0;
+        Some(crate::response::Progress { output, cost })
     }
 
     /// Whether forwarded bytes may differ from the provider's (the length changes).
