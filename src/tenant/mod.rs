@@ -174,6 +174,17 @@ impl Directory {
         self.by_id.is_empty()
     }
 
+    /// The identity of a job of tenant `id` re-entering the stack (`context::JobRun`): the
+    /// tenant's batch class, never a recovery key. A tenant removed since: `UnknownKey`.
+    pub fn job(&self, id: &crate::domain::TenantId) -> Result<Identity, Error> {
+        let tenant = self.by_id.get(id.as_str()).ok_or(Error::UnknownKey)?;
+        Ok(Identity {
+            tenant: tenant.clone(),
+            class: Class::Batch,
+            recovery: false,
+        })
+    }
+
     /// Identifies the caller from request headers sent by `peer` (see the module docs).
     pub fn identify(&self, headers: &HeaderMap, peer: Option<IpAddr>) -> Result<Identity, Error> {
         let sidecar = self.header.as_ref().filter(|name| {
