@@ -41,6 +41,19 @@ pub const JOBS_PATH: &str = "/v1/fairgate/jobs/";
 /// Response header: a finished job's outcome (`completed` or `failed`).
 pub const JOB_STATUS_HEADER: &str = "x-fairgate-job-status";
 
+/// Where the jobs subsystem reports (implemented by `metrics::Metrics`; labels bounded the same
+/// way as every per-tenant series).
+pub trait Meter: Send + Sync + std::fmt::Debug {
+    /// `fairgate_jobs{tenant,state}`: jobs by (tenant id, state) now (every state of
+    /// `store::state` not listed for a tenant is 0).
+    fn jobs(&self, counts: &[(String, String, u64)]);
+    /// `fairgate_batch_lines_total{tenant,outcome}`: a batch line of `tenant` finished
+    /// (`completed`, `failed`) or was queued again after a passing refusal (`retried`).
+    fn line(&self, tenant: &str, outcome: &'static str);
+    /// `fairgate_jobs_oldest_queued_seconds`: age of the oldest queued job.
+    fn oldest(&self, seconds: u64);
+}
+
 /// The jobs subsystem: the store, its limits and the runner's wake-up (cheap to clone).
 #[derive(Clone, Debug)]
 pub struct Jobs(Arc<Inner>);
@@ -52,17 +65,27 @@ struct Inner {
     wake: tokio::sync::Notify,
     /// Serializes a batch's finalization (two lines finishing at once write one output file).
     finalizing: Mutex<()>,
+    meter: Option<Arc<dyn Meter>>,
 }
 
 impl Jobs {
     /// Opens (or creates) the store at `config.path`.
-    pub fn open(config: &JobsConfig) -> Result<Self, rusqlite::Error> {
+    pub fn open(
+        config: &JobsConfig,
+        meter: Option<Arc<dyn Meter>>,
+    ) -> Result<Self, rusqlite::Error> {
         Ok(Self(Arc::new(Inner {
             store: Store::open(&config.path)?,
             config: config.clone(),
             wake: tokio::sync::Notify::new(),
             finalizing: Mutex::new(()),
+            meter,
         })))
+    }
+
+    /// The meter, if any.
+    pub fn meter(&self) -> Option<&dyn Meter> {
+        self.0.meter.as_deref()
     }
 
     /// The store.

@@ -85,6 +85,13 @@ pub async fn run(jobs: Jobs, dispatch: Dispatch, mut stop: tokio::sync::watch::R
                 tracing::warn!(error = %e, "jobs: retention cleanup failed");
             }
         }
+        if let Some(m) = jobs.meter() {
+            if let (Ok(states), Ok(oldest)) = (jobs.store().states(), jobs.store().oldest_queued())
+            {
+                m.jobs(&states);
+                m.oldest(oldest);
+            }
+        }
         if let Err(e) = feed(&jobs, &dispatch, &inflight) {
             tracing::warn!(error = %e, "jobs: cannot read the job store");
         }
@@ -158,6 +165,9 @@ async fn one(jobs: Jobs, dispatch: Dispatch, job: Claimed, slot: Slot) {
         if let Err(e) = jobs.store().requeue(&job.id) {
             tracing::warn!(error = %e, "jobs: cannot requeue");
         }
+        if let (Some(m), Some(_)) = (jobs.meter(), &job.batch) {
+            m.line(&job.tenant, "retried");
+        }
         drop(slot);
         return;
     }
@@ -184,6 +194,10 @@ async fn one(jobs: Jobs, dispatch: Dispatch, job: Claimed, slot: Slot) {
         tracing::warn!(error = %e, "jobs: cannot record a result");
     }
     if let Some(b) = &job.batch {
+        if let Some(m) = jobs.meter() {
+            let ok = (200..300).contains(&status);
+            m.line(&job.tenant, if ok { "completed" } else { "failed" });
+        }
         if let Err(e) = batch::finalize_if_done(&jobs, b) {
             tracing::warn!(error = %e, "jobs: cannot finalize a batch");
         }

@@ -503,6 +503,18 @@ impl Store {
         })
     }
 
+    /// Seconds the oldest queued job has waited (0: none queued).
+    pub fn oldest_queued(&self) -> Result<u64> {
+        self.with(|c| {
+            let t: Option<i64> = c.query_row(
+                "SELECT MIN(created) FROM jobs WHERE state = 'queued'",
+                [],
+                |r| r.get(0),
+            )?;
+            Ok(t.map_or(0, |t| now().saturating_sub(t.max(0) as u64)))
+        })
+    }
+
     /// Jobs by (tenant, state), for `fairgate_jobs`.
     pub fn states(&self) -> Result<Vec<(String, String, u64)>> {
         self.with(|c| {

@@ -160,10 +160,11 @@ impl State {
         });
         let jobs = match &config.jobs {
             Some(j) => Some(
-                crate::jobs::Jobs::open(j).map_err(|e| ConfigError::Invalid {
-                    key: "jobs.path".to_owned(),
-                    message: format!("cannot open {}: {e}", j.path.display()),
-                })?,
+                crate::jobs::Jobs::open(j, Some(metrics.clone() as Arc<dyn crate::jobs::Meter>))
+                    .map_err(|e| ConfigError::Invalid {
+                        key: "jobs.path".to_owned(),
+                        message: format!("cannot open {}: {e}", j.path.display()),
+                    })?,
             ),
             None => None,
         };
