@@ -418,18 +418,30 @@ mod batch_api {
         assert_eq!(mock.stats.requests(), 20);
         let text = scrape(proxy.addr).await;
         let lines = [("tenant", "a"), ("outcome", "completed")];
-        assert_eq!(value(&text, "fairgate_batch_lines_total", &lines), Some(20.0), "{text}");
+        assert_eq!(
+            value(&text, "fairgate_batch_lines_total", &lines),
+            Some(20.0),
+            "{text}"
+        );
         let addr = proxy.addr;
         let mut gauged = None;
         for _ in 0..200 {
             let text = scrape(addr).await;
-            gauged = value(&text, "fairgate_jobs", &[("tenant", "a"), ("state", "completed")]);
+            gauged = value(
+                &text,
+                "fairgate_jobs",
+                &[("tenant", "a"), ("state", "completed")],
+            );
             if gauged == Some(20.0) {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        assert_eq!(gauged, Some(20.0), "fairgate_jobs is set within the runner's tick");
+        assert_eq!(
+            gauged,
+            Some(20.0),
+            "fairgate_jobs is set within the runner's tick"
+        );
         let list = a.batches().list().await.unwrap();
         assert_eq!(list.data.len(), 1);
         assert!(b.batches().list().await.unwrap().data.is_empty());

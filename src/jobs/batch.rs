@@ -275,15 +275,18 @@ pub fn cancel(jobs: &Jobs, tenant: &str, id: &str) -> Result<Response<ResponseBo
 /// Once no line of batch `id` is queued or running: writes its output and error files and
 /// moves it to `completed` (or `cancelled`). Idempotent.
 pub fn finalize_if_done(jobs: &Jobs, id: &str) -> Result<(), Error> {
-    let _one = jobs.0.finalizing.lock().unwrap_or_else(|p| p.into_inner());
     let store = jobs.store();
+    if store.unfinished(id)? {
+        return Ok(());
+    }
+    let _one = jobs.0.finalizing.lock().unwrap_or_else(|p| p.into_inner());
     let Some(tenant) = store.batch_tenant(id)? else {
         return Ok(());
     };
     let raw = store.batch(&tenant, id)?.unwrap_or_default();
     let mut doc: Value = serde_json::from_str(&raw).unwrap_or(Value::Null);
     let cancelling = doc["status"] == "cancelling";
-    if !(cancelling || doc["status"] == "in_progress") || store.counts(id)?.3 > 0 {
+    if !(cancelling || doc["status"] == "in_progress") || store.unfinished(id)? {
         return Ok(());
     }
     let (mut out, mut err) = (Vec::new(), Vec::new());

@@ -26,6 +26,7 @@ CREATE TABLE IF NOT EXISTS jobs(
   status INTEGER, resp_type TEXT, response BLOB, created INTEGER NOT NULL, finished INTEGER);
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state, tenant);
 CREATE INDEX IF NOT EXISTS jobs_batch ON jobs(batch, line);
+CREATE INDEX IF NOT EXISTS jobs_batch_state ON jobs(batch, state);
 CREATE TABLE IF NOT EXISTS files(
   id TEXT PRIMARY KEY, tenant TEXT NOT NULL, purpose TEXT NOT NULL, filename TEXT NOT NULL,
   bytes INTEGER NOT NULL, created INTEGER NOT NULL, content BLOB NOT NULL);
@@ -261,7 +262,7 @@ impl Store {
             let claimed: Vec<Claimed> = {
                 let mut st = tx.prepare(
                     "SELECT id, tenant, batch, method, path, body FROM jobs \
-                     WHERE state = 'queued' AND tenant = ?1 ORDER BY created, rowid LIMIT ?2",
+                     WHERE state = 'queued' AND tenant = ?1 ORDER BY rowid LIMIT ?2",
                 )?;
                 let rows = st.query_map(params![tenant, n as i64], |r| {
                     Ok(Claimed {
@@ -440,6 +441,17 @@ impl Store {
                     let g = |i| r.get::<_, i64>(i).map(|v| v.max(0) as u64);
                     Ok((g(0)?, g(1)?, g(2)?, g(3)?))
                 },
+            )
+        })
+    }
+
+    /// Whether batch `id` has a line queued or running (an index seek, called per finished line).
+    pub fn unfinished(&self, id: &str) -> Result<bool> {
+        self.with(|c| {
+            c.query_row(
+                "SELECT EXISTS(SELECT 1 FROM jobs WHERE batch = ?1 AND state IN ('queued','running'))",
+                [id],
+                |r| r.get(0),
             )
         })
     }
