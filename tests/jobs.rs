@@ -520,3 +520,33 @@ mod batch_api {
         );
     }
 }
+
+#[tokio::test]
+async fn stored_bytes_beyond_the_tenant_limit_are_a_429_tenant() {
+    let mock = mock().await;
+    let proxy = proxy(&jobs_config(
+        &mock.base_url(),
+        "max_stored_bytes_per_tenant = 300",
+        "",
+        "",
+    ))
+    .await;
+    let upload = |key: &str, content: &str| {
+        let body = format!(
+            "--B\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n--B\r\n\
+             Content-Disposition: form-data; name=\"file\"; filename=\"in.jsonl\"\r\n\r\n{content}\r\n--B--\r\n"
+        );
+        Request::post(format!("http://{}/v1/files", proxy.addr))
+            .header("authorization", format!("Bearer {key}"))
+            .header("content-type", "multipart/form-data; boundary=B")
+            .body(Full::new(Bytes::from(body)))
+            .unwrap()
+    };
+    let r = send(upload(KEY_A, &"x".repeat(200))).await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let r = send(upload(KEY_A, &"x".repeat(200))).await;
+    r.assert_error(429, "job_limit_exceeded");
+    assert_eq!(r.headers["x-fairgate-limit"], "tenant");
+    // Tenant b's budget is its own.
+    assert_eq!(send(upload(KEY_B, &"x".repeat(200))).await.status, 200);
+}

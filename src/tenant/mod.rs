@@ -262,6 +262,16 @@ mod tests {
         Directory::from_config(&config, |v| (v == "B_KEY").then(|| "prov".to_owned())).unwrap()
     }
 
+    #[test]
+    fn a_job_is_its_tenant_in_the_batch_class_without_a_recovery_key() {
+        let d = dir("");
+        let id = d.job(&crate::domain::TenantId::new("a")).unwrap();
+        assert_eq!(id.tenant.id.as_str(), "a");
+        assert_eq!(id.class, Class::Batch);
+        assert!(!id.recovery);
+        assert!(d.job(&crate::domain::TenantId::new("gone")).is_err());
+    }
+
     fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
         pairs
             .iter()
