@@ -25,6 +25,7 @@ pub mod estimate;
 pub mod fdlimit;
 pub mod feedback;
 pub mod health;
+pub mod jobs;
 pub mod log;
 pub mod metrics;
 pub mod mock;

@@ -180,7 +180,10 @@ async fn rediss_with_a_private_ca_and_the_password_from_env() {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert!(!keys.is_empty(), "nothing written to Redis under {{tlsok}}:*");
+    assert!(
+        !keys.is_empty(),
+        "nothing written to Redis under {{tlsok}}:*"
+    );
     assert_eq!(degraded(proxy.addr).await, Some(0.0));
     let text = scrape(proxy.addr).await;
     assert!(!text.contains(PASSWORD));

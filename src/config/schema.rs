@@ -54,6 +54,39 @@ pub struct Config {
     /// `[otel]`: OpenTelemetry trace export (off unless `endpoint` is set).
     #[serde(default)]
     pub otel: super::OtelConfig,
+    /// `[jobs]`: asynchronous requests (`Prefer: respond-async`) and the Batch API, stored in an
+    /// embedded SQLite file (absent: both are off).
+    #[serde(default)]
+    pub jobs: Option<JobsConfig>,
+}
+
+/// `[jobs]`: asynchronous jobs and batches (`src/jobs`).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct JobsConfig {
+    /// The SQLite file holding jobs, files and results (created on first use).
+    pub path: PathBuf,
+    /// Jobs (batch lines and async requests) of one tenant running through the stack at once.
+    pub max_inflight_per_tenant: usize,
+    /// Finished jobs, batches and their files are deleted this many hours after they finish
+    /// (uploaded files: after they were created).
+    pub retention_hours: u64,
+    /// Jobs (async requests and batch lines) a tenant may have queued or running.
+    pub max_queued_jobs_per_tenant: u64,
+    /// Bytes a tenant may have stored (files, job bodies, results).
+    pub max_stored_bytes_per_tenant: u64,
+}
+
+impl Default for JobsConfig {
+    fn default() -> Self {
+        Self {
+            path: PathBuf::from("fairgate-jobs.sqlite"),
+            max_inflight_per_tenant: 4,
+            retention_hours: 24,
+            max_queued_jobs_per_tenant: 50_000,
+            max_stored_bytes_per_tenant: 512 << 20,
+        }
+    }
 }
 
 /// `[estimate]`: cost = (input × input_weight + output × output_weight + tool_call_tokens ×

@@ -163,6 +163,20 @@ pub fn validate(c: &Config) -> Result<(), ConfigError> {
     validate_connections(&c.server)?;
     validate_estimate(c)?;
     super::otel::validate(&c.otel)?;
+    if let Some(jobs) = &c.jobs {
+        if c.cluster.is_some() {
+            return Err(invalid(
+                "jobs",
+                "not available with [cluster] yet: jobs live in one replica's SQLite file",
+            ));
+        }
+        if jobs.max_inflight_per_tenant == 0 {
+            return Err(invalid("jobs.max_inflight_per_tenant", "must be > 0"));
+        }
+        if jobs.path.as_os_str().is_empty() {
+            return Err(invalid("jobs.path", "must not be empty"));
+        }
+    }
     if let Some(cluster) = &c.cluster {
         super::cluster::validate(cluster)?;
         // The shared (Redis) rate store keeps the request and all-tokens buckets only.
@@ -397,6 +411,21 @@ base_url = "http://127.0.0.1:9000/v1"
         assert!(e.starts_with("server.workers"), "{e}");
         let ok = Config::from_toml_str(&format!("[server]\nworkers = 4\n{BASE}")).unwrap();
         assert_eq!(ok.server.workers, Some(4));
+    }
+
+    #[test]
+    fn jobs_are_refused_in_cluster_mode_and_need_an_inflight_slot() {
+        let cluster = "[cluster]\nredis_url = \"redis://127.0.0.1:6379\"\n";
+        let e = Config::from_toml_str(&format!("{BASE}{cluster}[jobs]\npath = \"j.db\"\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("jobs") && e.contains("[cluster]"), "{e}");
+        let e = Config::from_toml_str(&format!("{BASE}[jobs]\nmax_inflight_per_tenant = 0\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("jobs.max_inflight_per_tenant"), "{e}");
+        let c = Config::from_toml_str(&format!("{BASE}[jobs]\n")).unwrap();
+        assert_eq!(c.jobs.unwrap().max_inflight_per_tenant, 4);
     }
 
     #[test]

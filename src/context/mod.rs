@@ -78,6 +78,18 @@ pub struct Context {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PeerAddr(pub std::net::IpAddr);
 
+/// A job re-entering the stack (`jobs::runner`): put in the request's extensions by the runner,
+/// never by a connection (extensions do not come from the wire). The tenant stage identifies
+/// the request as `tenant` in the batch class without a key; `refused` receives fairgate's own
+/// refusal (status, metrics reason) so the runner can tell "try again later" from a final answer.
+#[derive(Clone, Debug)]
+pub struct JobRun {
+    /// Whose job it is.
+    pub tenant: crate::domain::TenantId,
+    /// A refusal by a stage (never sent to the provider): written by the `jobs` stage.
+    pub refused: Arc<OnceLock<(http::StatusCode, &'static str)>>,
+}
+
 /// The handle to a request's [`Context`] (cheap to clone; in the request's extensions).
 #[derive(Clone, Debug)]
 pub struct Ctx(Arc<Context>);

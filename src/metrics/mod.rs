@@ -12,6 +12,7 @@
 //! cohort instead of its id (tenants without a plan: `none`), bounding cardinality.
 
 mod fairness;
+mod jobs;
 mod layer;
 mod scrape;
 mod tenant;

@@ -78,6 +78,8 @@ pub struct State {
     pub tenant_bytes: queue::bytes::TenantBudget,
     /// Where the `*_env` settings are read from (at startup and at each reload).
     pub env: Env,
+    /// Async jobs and batches (`[jobs]`; opened at startup, kept across reloads).
+    pub jobs: Option<crate::jobs::Jobs>,
 }
 
 /// Where `*_env` settings (provider keys, the admin token) are read from: the process
@@ -160,7 +162,18 @@ impl State {
             let unapplied = metrics.plain_counter("fairgate_cluster_sync_unapplied_total");
             crate::cluster::Cluster::new(link, store, &config, &pools, &admission, unapplied)
         });
+        let jobs = match &config.jobs {
+            Some(j) => Some(
+                crate::jobs::Jobs::open(j, Some(metrics.clone() as Arc<dyn crate::jobs::Meter>))
+                    .map_err(|e| ConfigError::Invalid {
+                        key: "jobs.path".to_owned(),
+                        message: format!("cannot open {}: {e}", j.path.display()),
+                    })?,
+            ),
+            None => None,
+        };
         Ok(Self {
+            jobs,
             tenant_bytes: queue::bytes::TenantBudget {
                 bytes: queue::bytes::ByteBudget::new(u64::MAX),
                 pools: pools.clone(),
@@ -257,6 +270,11 @@ where
             max_body_bytes: state.config.server.max_body_bytes,
             budget: state.tenant_bytes.clone(),
         })
+        // Jobs: the identity is known and the body read and parsed, so a `respond-async`
+        // request is stored here as a job (202) before admission could refuse it; the jobs and
+        // batches endpoints are answered here; a job re-entering the stack from the runner
+        // passes through to every stage below, in its tenant's batch class.
+        .layer(crate::jobs::Layer(state.jobs.clone()))
         // Pick the upstream pool from the model: the fair queue below is per pool.
         .layer(route::Layer(state.router.clone()))
         // Memory bounded in bytes: as soon as the pool is known (the body is read and parsed),
@@ -434,6 +452,13 @@ async fn start_on(
     if let Some(otel) = state.metrics.otel() {
         tokio::spawn(otel.clone().run(stop.subscribe()));
     }
+    if let Some(jobs) = state.jobs.clone() {
+        tokio::spawn(crate::jobs::runner::run(
+            jobs,
+            dispatch(live.clone()),
+            stop.subscribe(),
+        ));
+    }
     let admin_addr = match admin_listener {
         Some(l) => {
             let addr = l.local_addr()?;
@@ -457,6 +482,21 @@ async fn start_on(
         live,
         stop,
         join,
+    })
+}
+
+/// How the jobs runner re-enters the stack: through the generation in force, as a request
+/// read from no socket (its `context::JobRun` identifies it).
+fn dispatch(live: Arc<Live>) -> crate::jobs::Dispatch {
+    use tower::ServiceExt;
+    Arc::new(move |req| {
+        let state = live.current().state.clone();
+        Box::pin(async move {
+            match stack(&state).oneshot(req).await {
+                Ok(res) => res,
+                Err(never) => match never {},
+            }
+        })
     })
 }
 

@@ -119,6 +119,7 @@ impl State {
             reloader: self.reloader.clone(),
             env: self.env.clone(),
             cluster: None,
+            jobs: self.jobs.clone(),
         };
         Ok((state, changes))
     }

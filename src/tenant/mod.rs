@@ -174,6 +174,17 @@ impl Directory {
         self.by_id.is_empty()
     }
 
+    /// The identity of a job of tenant `id` re-entering the stack (`context::JobRun`): the
+    /// tenant's batch class, never a recovery key. A tenant removed since: `UnknownKey`.
+    pub fn job(&self, id: &crate::domain::TenantId) -> Result<Identity, Error> {
+        let tenant = self.by_id.get(id.as_str()).ok_or(Error::UnknownKey)?;
+        Ok(Identity {
+            tenant: tenant.clone(),
+            class: Class::Batch,
+            recovery: false,
+        })
+    }
+
     /// Identifies the caller from request headers sent by `peer` (see the module docs).
     pub fn identify(&self, headers: &HeaderMap, peer: Option<IpAddr>) -> Result<Identity, Error> {
         let sidecar = self.header.as_ref().filter(|name| {
@@ -249,6 +260,16 @@ mod tests {
         );
         let config = Config::from_toml_str(&text).unwrap();
         Directory::from_config(&config, |v| (v == "B_KEY").then(|| "prov".to_owned())).unwrap()
+    }
+
+    #[test]
+    fn a_job_is_its_tenant_in_the_batch_class_without_a_recovery_key() {
+        let d = dir("");
+        let id = d.job(&crate::domain::TenantId::new("a")).unwrap();
+        assert_eq!(id.tenant.id.as_str(), "a");
+        assert_eq!(id.class, Class::Batch);
+        assert!(!id.recovery);
+        assert!(d.job(&crate::domain::TenantId::new("gone")).is_err());
     }
 
     fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {

@@ -53,7 +53,12 @@ where
             .extensions()
             .get::<crate::context::PeerAddr>()
             .map(|p| p.0);
-        match self.dir.identify(req.headers(), peer) {
+        // A job re-entering the stack was authenticated when it was submitted.
+        let identity = match req.extensions().get::<crate::context::JobRun>() {
+            Some(run) => self.dir.job(&run.tenant),
+            None => self.dir.identify(req.headers(), peer),
+        };
+        match identity {
             Ok(identity) => {
                 ctx.set_identity(identity);
                 Either::Right(self.inner.call(req))

@@ -1,0 +1,187 @@
+//! The jobs endpoints: an async job's status and result (`/v1/fairgate/jobs/{id}`), and
+//! OpenAI's files and batches APIs (`/v1/files`, `/v1/batches`) in OpenAI's object shapes.
+//! Every lookup is by (tenant, id): another tenant's id answers 404.
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Method, Request, Response, StatusCode};
+
+use super::store::{self, File};
+use super::{batch, multipart, Error, Jobs, JOBS_PATH, JOB_STATUS_HEADER};
+use crate::response::ResponseBody;
+
+/// Whether `path` is answered by this module.
+pub fn is_jobs_path(path: &str) -> bool {
+    path.starts_with(JOBS_PATH)
+        || path == "/v1/files"
+        || path.starts_with("/v1/files/")
+        || path == "/v1/batches"
+        || path.starts_with("/v1/batches/")
+}
+
+/// A JSON response.
+pub fn json(status: StatusCode, v: &serde_json::Value) -> Response<ResponseBody> {
+    let mut res = Response::new(ResponseBody::full(
+        serde_json::to_vec(v).unwrap_or_default(),
+    ));
+    *res.status_mut() = status;
+    res.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    res
+}
+
+/// Answers a request to a jobs endpoint.
+pub async fn handle(
+    jobs: &Jobs,
+    req: Request<Bytes>,
+) -> Result<Response<ResponseBody>, crate::Error> {
+    let ctx = crate::context::of(&req)?;
+    let tenant = ctx.identity()?.tenant.id.clone();
+    let tenant = tenant.as_str();
+    Ok(route(jobs, tenant, &req)?)
+}
+
+fn route(jobs: &Jobs, tenant: &str, req: &Request<Bytes>) -> Result<Response<ResponseBody>, Error> {
+    let path = req.uri().path().to_owned();
+    let method = req.method().clone();
+    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let res = match (&method, segments.as_slice()) {
+        (&Method::GET, ["v1", "fairgate", "jobs", id]) => job_status(jobs, tenant, id)?,
+        (&Method::DELETE, ["v1", "fairgate", "jobs", id]) => job_cancel(jobs, tenant, id)?,
+        (&Method::POST, ["v1", "files"]) => upload(jobs, tenant, req)?,
+        (&Method::GET, ["v1", "files", id]) => {
+            let f = jobs
+                .store()
+                .file(tenant, id)?
+                .ok_or(Error::NotFound("file"))?;
+            json(StatusCode::OK, &file_doc(&f))
+        }
+        (&Method::GET, ["v1", "files", id, "content"]) => {
+            let c = jobs
+                .store()
+                .file_content(tenant, id)?
+                .ok_or(Error::NotFound("file"))?;
+            let mut res = Response::new(ResponseBody::full(c));
+            res.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/octet-stream"),
+            );
+            res
+        }
+        (&Method::DELETE, ["v1", "files", id]) => {
+            if !jobs.store().delete_file(tenant, id)? {
+                return Err(Error::NotFound("file"));
+            }
+            json(
+                StatusCode::OK,
+                &serde_json::json!({"id": id, "object": "file", "deleted": true}),
+            )
+        }
+        (&Method::POST, ["v1", "batches"]) => batch::create(jobs, tenant, req.body())?,
+        (&Method::GET, ["v1", "batches"]) => batch::list(jobs, tenant, req.uri().query())?,
+        (&Method::GET, ["v1", "batches", id]) => {
+            json(StatusCode::OK, &batch::doc(jobs, tenant, id)?)
+        }
+        (&Method::POST, ["v1", "batches", id, "cancel"]) => batch::cancel(jobs, tenant, id)?,
+        _ => return Err(Error::Method),
+    };
+    Ok(res)
+}
+
+fn job_status(jobs: &Jobs, tenant: &str, id: &str) -> Result<Response<ResponseBody>, Error> {
+    let job = jobs
+        .store()
+        .job(tenant, id)?
+        .ok_or(Error::NotFound("job"))?;
+    match (job.state.as_str(), job.status) {
+        (store::state::COMPLETED | store::state::FAILED, Some(status)) => {
+            let mut res = Response::new(ResponseBody::full(job.response.unwrap_or_default()));
+            *res.status_mut() =
+                StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            let h = res.headers_mut();
+            if let Some(v) = job.resp_type.and_then(|t| HeaderValue::try_from(t).ok()) {
+                h.insert(header::CONTENT_TYPE, v);
+            }
+            h.insert(
+                JOB_STATUS_HEADER,
+                HeaderValue::from_str(&job.state).unwrap_or(HeaderValue::from_static("failed")),
+            );
+            Ok(res)
+        }
+        (state, _) => {
+            let status = if state == store::state::CANCELLED {
+                StatusCode::OK
+            } else {
+                StatusCode::ACCEPTED
+            };
+            let mut res = json(
+                status,
+                &serde_json::json!({"id": id, "object": "fairgate.job", "status": state}),
+            );
+            let h = res.headers_mut();
+            h.insert(
+                JOB_STATUS_HEADER,
+                HeaderValue::from_str(state).unwrap_or(HeaderValue::from_static("queued")),
+            );
+            if status == StatusCode::ACCEPTED {
+                h.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            }
+            Ok(res)
+        }
+    }
+}
+
+fn job_cancel(jobs: &Jobs, tenant: &str, id: &str) -> Result<Response<ResponseBody>, Error> {
+    let state = jobs
+        .store()
+        .cancel(tenant, id)?
+        .ok_or(Error::NotFound("job"))?;
+    Ok(json(
+        StatusCode::OK,
+        &serde_json::json!({"id": id, "object": "fairgate.job", "status": state}),
+    ))
+}
+
+fn upload(
+    jobs: &Jobs,
+    tenant: &str,
+    req: &Request<Bytes>,
+) -> Result<Response<ResponseBody>, Error> {
+    let form = multipart::parse(req.headers(), req.body())?;
+    let purpose = form.field("purpose").unwrap_or_default().to_owned();
+    if purpose != "batch" {
+        return Err(Error::invalid(
+            "`purpose` must be `batch` (the only purpose fairgate stores files for)",
+            Some("purpose"),
+        ));
+    }
+    let (filename, content) = form
+        .file
+        .ok_or_else(|| Error::invalid("a `file` part is required", Some("file")))?;
+    jobs.check_limits(tenant, 0, content.len() as u64)?;
+    let f = File {
+        id: super::new_id("file-"),
+        purpose,
+        filename,
+        bytes: content.len() as u64,
+        created: store::now(),
+    };
+    jobs.store().insert_file(tenant, &f, &content)?;
+    Ok(json(StatusCode::OK, &file_doc(&f)))
+}
+
+/// OpenAI's file object.
+pub fn file_doc(f: &File) -> serde_json::Value {
+    serde_json::json!({
+        "id": f.id,
+        "object": "file",
+        "bytes": f.bytes,
+        "created_at": f.created,
+        "expires_at": null,
+        "filename": f.filename,
+        "purpose": f.purpose,
+        "status": "processed",
+        "status_details": null,
+    })
+}

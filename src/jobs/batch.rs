@@ -1,0 +1,370 @@
+//! OpenAI's Batch API over the job store: a batch is a set of jobs (its lines), validated up
+//! front (a bad line fails the batch with errors naming the line, as OpenAI does), run by the
+//! runner like any job, and finalized once no line is left: an output file (2xx answers) and
+//! an error file (everything else, and lines cancelled before they ran), each line once, in
+//! input order.
+//!
+//! Statuses: `in_progress` at creation (validation is synchronous), `failed` (validation),
+//! `cancelling` → `cancelled`, `completed`.
+
+use bytes::Bytes;
+use http::{Response, StatusCode};
+use serde_json::{json, Value};
+
+use super::store::{self, File, NewJob};
+use super::{api, Error, Jobs};
+use crate::response::ResponseBody;
+
+/// Endpoints a batch may target.
+pub const ENDPOINTS: &[&str] = &[
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/embeddings",
+    "/v1/responses",
+];
+
+/// Validation errors kept per batch (OpenAI lists a bounded number too).
+const MAX_ERRORS: usize = 100;
+
+fn field<'a>(v: &'a Value, name: &'static str) -> Result<&'a str, Error> {
+    v.get(name)
+        .and_then(Value::as_str)
+        .ok_or_else(|| Error::invalid(format!("`{name}` is required (a string)"), Some(name)))
+}
+
+/// One line's error, OpenAI's shape.
+fn line_error(line: usize, code: &str, message: String, param: Option<&str>) -> Value {
+    json!({"code": code, "message": message, "param": param, "line": line})
+}
+
+/// Checks the input file; the lines as jobs, or the errors naming the lines.
+pub fn validate(batch: &str, endpoint: &str, content: &[u8]) -> Result<Vec<NewJob>, Vec<Value>> {
+    let mut jobs = Vec::new();
+    let mut errors = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for (i, raw) in content.split(|&b| b == b'\n').enumerate() {
+        let n = i + 1;
+        if raw.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        let v: Value = match serde_json::from_slice(raw) {
+            Ok(v @ Value::Object(_)) => v,
+            _ => {
+                errors.push(line_error(
+                    n,
+                    "invalid_json_line",
+                    format!("line {n} is not a JSON object"),
+                    None,
+                ));
+                continue;
+            }
+        };
+        let custom_id = v.get("custom_id").and_then(Value::as_str).unwrap_or("");
+        let body = v.get("body").filter(|b| b.is_object());
+        let problem = if custom_id.is_empty() {
+            Some((
+                "missing_required_parameter",
+                "custom_id",
+                "a non-empty string `custom_id` is required".to_owned(),
+            ))
+        } else if !seen.insert(custom_id.to_owned()) {
+            Some((
+                "duplicate_custom_id",
+                "custom_id",
+                format!("`custom_id` {custom_id:?} appears more than once"),
+            ))
+        } else if v.get("method").and_then(Value::as_str) != Some("POST") {
+            Some((
+                "invalid_value",
+                "method",
+                "`method` must be POST".to_owned(),
+            ))
+        } else if v.get("url").and_then(Value::as_str) != Some(endpoint) {
+            Some((
+                "mismatched_endpoint",
+                "url",
+                format!("`url` must be the batch's endpoint {endpoint}"),
+            ))
+        } else if !body.is_some_and(|b| b.get("model").is_some_and(Value::is_string)) {
+            Some((
+                "missing_required_parameter",
+                "body.model",
+                "`body` must be an object with a string `model`".to_owned(),
+            ))
+        } else if body.and_then(|b| b.get("stream")).and_then(Value::as_bool) == Some(true) {
+            Some((
+                "invalid_value",
+                "body.stream",
+                "`stream: true` is not supported in a batch".to_owned(),
+            ))
+        } else {
+            None
+        };
+        match (problem, body) {
+            (Some((code, param, message)), _) => {
+                errors.push(line_error(
+                    n,
+                    code,
+                    format!("line {n}: {message}"),
+                    Some(param),
+                ));
+            }
+            (None, Some(body)) => jobs.push(NewJob {
+                id: super::new_id("job_"),
+                batch: Some((batch.to_owned(), i as u32, custom_id.to_owned())),
+                method: "POST".to_owned(),
+                path: endpoint.to_owned(),
+                body: serde_json::to_vec(body).unwrap_or_default(),
+            }),
+            (None, None) => {}
+        }
+        if errors.len() >= MAX_ERRORS {
+            break;
+        }
+    }
+    if jobs.is_empty() && errors.is_empty() {
+        errors.push(line_error(
+            1,
+            "empty_file",
+            "the input file has no request".to_owned(),
+            None,
+        ));
+    }
+    if errors.is_empty() {
+        Ok(jobs)
+    } else {
+        Err(errors)
+    }
+}
+
+/// `POST /v1/batches`.
+pub fn create(jobs: &Jobs, tenant: &str, body: &Bytes) -> Result<Response<ResponseBody>, Error> {
+    let req: Value = serde_json::from_slice(body)
+        .map_err(|_| Error::invalid("request body must be a JSON object", None))?;
+    let input = field(&req, "input_file_id")?;
+    let endpoint = field(&req, "endpoint")?;
+    let window = field(&req, "completion_window")?;
+    if !ENDPOINTS.contains(&endpoint) {
+        return Err(Error::invalid(
+            format!("`endpoint` must be one of {}", ENDPOINTS.join(", ")),
+            Some("endpoint"),
+        ));
+    }
+    let file = jobs
+        .store()
+        .file(tenant, input)?
+        .ok_or(Error::NotFound("file"))?;
+    if file.purpose != "batch" {
+        return Err(Error::invalid(
+            "the input file's purpose must be `batch`",
+            Some("input_file_id"),
+        ));
+    }
+    let content = jobs
+        .store()
+        .file_content(tenant, input)?
+        .unwrap_or_default();
+    let id = super::new_id("batch_");
+    let now = store::now();
+    let mut doc = json!({
+        "id": id, "object": "batch", "endpoint": endpoint, "model": null, "errors": null,
+        "input_file_id": input, "completion_window": window, "status": "in_progress",
+        "output_file_id": null, "error_file_id": null, "created_at": now,
+        "in_progress_at": now, "expires_at": now + 24 * 3600, "finalizing_at": null,
+        "completed_at": null, "failed_at": null, "expired_at": null, "cancelling_at": null,
+        "cancelled_at": null, "request_counts": {"total": 0, "completed": 0, "failed": 0},
+        "metadata": req.get("metadata").cloned().unwrap_or(Value::Null),
+    });
+    match validate(&id, endpoint, &content) {
+        Ok(lines) => {
+            let bytes: u64 = lines.iter().map(|l| l.body.len() as u64).sum();
+            jobs.check_limits(tenant, lines.len() as u64, bytes)?;
+            doc["request_counts"]["total"] = json!(lines.len());
+            jobs.store()
+                .insert(tenant, &lines, Some((&id, &doc.to_string())))?;
+            jobs.wake();
+        }
+        Err(errors) => {
+            doc["status"] = json!("failed");
+            doc["in_progress_at"] = Value::Null;
+            doc["failed_at"] = json!(now);
+            doc["errors"] = json!({"object": "list", "data": errors});
+            jobs.store()
+                .insert_failed_batch(tenant, &id, &doc.to_string())?;
+        }
+    }
+    Ok(api::json(StatusCode::OK, &doc))
+}
+
+/// A batch as OpenAI shows it, with its current request counts.
+pub fn doc(jobs: &Jobs, tenant: &str, id: &str) -> Result<Value, Error> {
+    let raw = jobs
+        .store()
+        .batch(tenant, id)?
+        .ok_or(Error::NotFound("batch"))?;
+    with_counts(jobs, id, &raw)
+}
+
+fn with_counts(jobs: &Jobs, id: &str, raw: &str) -> Result<Value, Error> {
+    let mut doc: Value = serde_json::from_str(raw).unwrap_or(Value::Null);
+    let (total, completed, failed, _) = jobs.store().counts(id)?;
+    if total > 0 {
+        doc["request_counts"] = json!({"total": total, "completed": completed, "failed": failed});
+    }
+    Ok(doc)
+}
+
+/// `GET /v1/batches?after=&limit=`.
+pub fn list(
+    jobs: &Jobs,
+    tenant: &str,
+    query: Option<&str>,
+) -> Result<Response<ResponseBody>, Error> {
+    let mut after = None;
+    let mut limit = 20usize;
+    for (k, v) in query
+        .unwrap_or("")
+        .split('&')
+        .filter_map(|p| p.split_once('='))
+    {
+        match k {
+            "after" => after = Some(v.to_owned()),
+            "limit" => limit = v.parse().unwrap_or(20).clamp(1, 100),
+            _ => {}
+        }
+    }
+    let raws = jobs.store().batches(tenant, after.as_deref(), limit + 1)?;
+    let has_more = raws.len() > limit;
+    let data = raws
+        .iter()
+        .take(limit)
+        .map(|raw| {
+            let id = serde_json::from_str::<Value>(raw)
+                .ok()
+                .and_then(|d| d["id"].as_str().map(str::to_owned))
+                .unwrap_or_default();
+            with_counts(jobs, &id, raw)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let first = data.first().map(|d| d["id"].clone());
+    let last = data.last().map(|d| d["id"].clone());
+    Ok(api::json(
+        StatusCode::OK,
+        &json!({"object": "list", "data": data, "first_id": first, "last_id": last, "has_more": has_more}),
+    ))
+}
+
+/// `POST /v1/batches/{id}/cancel`: queued lines are cancelled, running ones finish.
+pub fn cancel(jobs: &Jobs, tenant: &str, id: &str) -> Result<Response<ResponseBody>, Error> {
+    let raw = jobs
+        .store()
+        .batch(tenant, id)?
+        .ok_or(Error::NotFound("batch"))?;
+    let mut doc: Value = serde_json::from_str(&raw).unwrap_or(Value::Null);
+    if doc["status"] == "in_progress" {
+        doc["status"] = json!("cancelling");
+        doc["cancelling_at"] = json!(store::now());
+        jobs.store()
+            .save_batch(id, &doc.to_string(), "cancelling", false)?;
+        jobs.store().cancel_lines(id)?;
+        finalize_if_done(jobs, id)?;
+    }
+    Ok(api::json(StatusCode::OK, &self::doc(jobs, tenant, id)?))
+}
+
+/// Once no line of batch `id` is queued or running: writes its output and error files and
+/// moves it to `completed` (or `cancelled`). Idempotent.
+pub fn finalize_if_done(jobs: &Jobs, id: &str) -> Result<(), Error> {
+    let store = jobs.store();
+    if store.unfinished(id)? {
+        return Ok(());
+    }
+    let _one = jobs.0.finalizing.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(tenant) = store.batch_tenant(id)? else {
+        return Ok(());
+    };
+    let raw = store.batch(&tenant, id)?.unwrap_or_default();
+    let mut doc: Value = serde_json::from_str(&raw).unwrap_or(Value::Null);
+    let cancelling = doc["status"] == "cancelling";
+    if !(cancelling || doc["status"] == "in_progress") || store.unfinished(id)? {
+        return Ok(());
+    }
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    for line in store.lines(id)? {
+        let body = line.response.as_deref().map(|b| {
+            serde_json::from_slice::<Value>(b)
+                .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(b).into_owned()))
+        });
+        let (record, ok) = match (line.state.as_str(), line.status) {
+            (store::state::CANCELLED, _) | (_, None) => (
+                json!({"id": format!("batch_req_{}", line.id), "custom_id": line.custom_id,
+                       "response": null,
+                       "error": {"code": "batch_cancelled", "message": "the batch was cancelled before this request ran"}}),
+                false,
+            ),
+            (_, Some(status)) => (
+                json!({"id": format!("batch_req_{}", line.id), "custom_id": line.custom_id,
+                       "response": {"status_code": status, "request_id": line.id, "body": body},
+                       "error": null}),
+                (200..300).contains(&status),
+            ),
+        };
+        let target = if ok { &mut out } else { &mut err };
+        target.extend_from_slice(record.to_string().as_bytes());
+        target.push(b'\n');
+    }
+    let now = store::now();
+    for (content, key) in [(out, "output_file_id"), (err, "error_file_id")] {
+        if content.is_empty() {
+            continue;
+        }
+        let f = File {
+            id: super::new_id("file-"),
+            purpose: "batch_output".to_owned(),
+            filename: format!("{id}_{}.jsonl", key.trim_end_matches("_file_id")),
+            bytes: content.len() as u64,
+            created: now,
+        };
+        store.insert_file(&tenant, &f, &content)?;
+        doc[key] = json!(f.id);
+    }
+    let status = if cancelling { "cancelled" } else { "completed" };
+    doc["status"] = json!(status);
+    doc["finalizing_at"] = json!(now);
+    doc[if cancelling {
+        "cancelled_at"
+    } else {
+        "completed_at"
+    }] = json!(now);
+    store.save_batch(id, &doc.to_string(), status, true)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bad_line_fails_validation_naming_the_line() {
+        let ok = br#"{"custom_id":"a","method":"POST","url":"/v1/chat/completions","body":{"model":"m"}}"#;
+        let lines = validate("b", "/v1/chat/completions", ok).unwrap();
+        assert_eq!(lines.len(), 1);
+        let bad = [
+            &ok[..],
+            b"\nnot json\n",
+            br#"{"custom_id":"a","method":"POST","url":"/v1/chat/completions","body":{"model":"m"}}"#,
+            b"\n",
+            br#"{"custom_id":"c","method":"POST","url":"/v1/embeddings","body":{"model":"m"}}"#,
+        ]
+        .concat();
+        let errors = validate("b", "/v1/chat/completions", &bad).unwrap_err();
+        let lines: Vec<_> = errors.iter().map(|e| e["line"].as_u64().unwrap()).collect();
+        assert_eq!(lines, [2, 3, 4]);
+        assert_eq!(errors[1]["code"], "duplicate_custom_id");
+        assert_eq!(errors[2]["code"], "mismatched_endpoint");
+        assert!(
+            validate("b", "/v1/chat/completions", b"\n\n").is_err(),
+            "empty"
+        );
+    }
+}

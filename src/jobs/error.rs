@@ -1,0 +1,103 @@
+//! The jobs stage's errors (async requests, files, batches).
+
+use http::StatusCode;
+
+use crate::error::ApiError;
+
+/// Why a jobs request is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// No such job, file or batch for this tenant (another tenant's id is also "not found").
+    #[error("no such {0}")]
+    NotFound(&'static str),
+    /// `stream: true` cannot be answered later.
+    #[error("`stream: true` cannot be combined with `Prefer: respond-async`: a job's result is stored and fetched whole; send the request without `stream`, or without `respond-async`")]
+    Stream,
+    /// The tenant's queued jobs or stored bytes are at `[jobs]`'s limit.
+    #[error("{what} limit of this tenant reached ({limit}); retry when earlier jobs finish")]
+    Limit {
+        /// Which limit.
+        what: &'static str,
+        /// Its value.
+        limit: u64,
+    },
+    /// A malformed request to the files or batches API.
+    #[error("{message}")]
+    Invalid {
+        /// What is wrong.
+        message: String,
+        /// The field at fault.
+        param: Option<&'static str>,
+    },
+    /// The method is not allowed on this path.
+    #[error("method not allowed")]
+    Method,
+    /// `[jobs]` is not configured.
+    #[error(
+        "asynchronous jobs and batches are not enabled on this server ([jobs] is not configured)"
+    )]
+    Disabled,
+    /// The job store failed.
+    #[error("job store error")]
+    Store(#[from] rusqlite::Error),
+}
+
+impl Error {
+    /// An invalid request naming `param`.
+    pub fn invalid(message: impl Into<String>, param: Option<&'static str>) -> Self {
+        Error::Invalid {
+            message: message.into(),
+            param,
+        }
+    }
+}
+
+impl ApiError for Error {
+    fn status(&self) -> StatusCode {
+        match self {
+            Error::NotFound(_) | Error::Disabled => StatusCode::NOT_FOUND,
+            Error::Stream | Error::Invalid { .. } => StatusCode::BAD_REQUEST,
+            Error::Limit { .. } => StatusCode::TOO_MANY_REQUESTS,
+            Error::Method => StatusCode::METHOD_NOT_ALLOWED,
+            Error::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+    fn kind(&self) -> &'static str {
+        match self {
+            Error::Limit { .. } => "rate_limit_error",
+            Error::Store(_) => "server_error",
+            _ => "invalid_request_error",
+        }
+    }
+    fn code(&self) -> &'static str {
+        match self {
+            Error::NotFound(_) | Error::Disabled => "not_found",
+            Error::Stream => "stream_not_async",
+            Error::Limit { .. } => "job_limit_exceeded",
+            Error::Invalid { .. } => "invalid_request",
+            Error::Method => "method_not_allowed",
+            Error::Store(_) => "internal_error",
+        }
+    }
+    fn param(&self) -> Option<&str> {
+        match self {
+            Error::Stream => Some("stream"),
+            Error::Invalid { param, .. } => *param,
+            _ => None,
+        }
+    }
+    fn limit(&self) -> Option<&'static str> {
+        matches!(self, Error::Limit { .. }).then_some("tenant")
+    }
+    fn reason(&self) -> &'static str {
+        match self {
+            Error::Limit { .. } => "job_limit",
+            Error::Store(_) => "job_store",
+            Error::NotFound(_) | Error::Disabled => "not_found",
+            _ => "bad_request",
+        }
+    }
+    fn never_sent(&self) -> bool {
+        true
+    }
+}

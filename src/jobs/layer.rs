@@ -1,0 +1,195 @@
+//! The jobs stage as a tower layer (below `body`, above `route`): the jobs endpoints, a
+//! `respond-async` request turned into a job, and a job re-entering the stack passed through
+//! with fairgate's own refusals noted for the runner.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Request, Response, StatusCode};
+
+use super::{api, Error, Jobs};
+use crate::context::{Endpoint, JobRun};
+use crate::response::ResponseBody;
+
+/// Tower layer of the jobs stage (`None`: `[jobs]` is off; `respond-async` is then ignored, as
+/// RFC 7240 allows, and the jobs endpoints answer 404).
+#[derive(Clone)]
+pub struct Layer(pub Option<Jobs>);
+
+impl<S> tower::Layer<S> for Layer {
+    type Service = Service<S>;
+    fn layer(&self, inner: S) -> Service<S> {
+        Service {
+            jobs: self.0.clone(),
+            inner,
+        }
+    }
+}
+
+/// Tower service of the jobs stage.
+#[derive(Clone)]
+pub struct Service<S> {
+    jobs: Option<Jobs>,
+    inner: S,
+}
+
+/// What `Prefer` asks for.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Prefer {
+    /// `respond-async`.
+    pub respond_async: bool,
+    /// `wait=N` beside it: try synchronously first, a job only instead of a refusal.
+    pub wait: bool,
+}
+
+impl Prefer {
+    /// Parses every `Prefer` header (tokens case-insensitive, parameters ignored).
+    pub fn of(headers: &http::HeaderMap) -> Self {
+        let mut p = Prefer::default();
+        for v in headers.get_all("prefer") {
+            let Ok(v) = v.to_str() else { continue };
+            for pref in v.split(',') {
+                let token = pref.split(';').next().unwrap_or("").trim();
+                let name = token.split('=').next().unwrap_or("").trim();
+                if name.eq_ignore_ascii_case("respond-async") {
+                    p.respond_async = true;
+                } else if name.eq_ignore_ascii_case("wait") {
+                    p.wait = true;
+                }
+            }
+        }
+        p
+    }
+}
+
+/// The metrics reasons of refusals that become a job under `respond-async, wait`: the queue is
+/// full, or the deadline cannot be met. A job waits instead.
+pub const DEFERRABLE: &[&str] = &[
+    "tenant_queue_full",
+    "pool_queue_full",
+    "deadline_infeasible",
+    "deadline_exceeded",
+];
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+impl<S> tower::Service<Request<Bytes>> for Service<S>
+where
+    S: tower::Service<Request<Bytes>, Response = Response<ResponseBody>, Error = crate::Error>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send,
+{
+    type Response = Response<ResponseBody>;
+    type Error = crate::Error;
+    type Future = BoxFuture<Result<Response<ResponseBody>, crate::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), crate::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<Bytes>) -> Self::Future {
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let jobs = self.jobs.clone();
+        Box::pin(async move {
+            // A job re-entering the stack: note fairgate's own refusal for the runner.
+            if let Some(run) = req.extensions().get::<JobRun>().cloned() {
+                return inner.call(req).await.inspect_err(|e| {
+                    if e.never_sent() {
+                        let _ = run.refused.set((e.status(), e.reason()));
+                    }
+                });
+            }
+            let path = req.uri().path();
+            if api::is_jobs_path(path) {
+                let jobs = jobs.ok_or(Error::Disabled)?;
+                return api::handle(&jobs, req).await;
+            }
+            let prefer = Prefer::of(req.headers());
+            let endpoint = Endpoint::of_path(path);
+            let (Some(jobs), true, true, Some(_)) = (
+                jobs,
+                prefer.respond_async,
+                req.method() == http::Method::POST,
+                endpoint,
+            ) else {
+                return inner.call(req).await;
+            };
+            let ctx = crate::context::of(&req)?;
+            if ctx.request()?.stream {
+                return Err(Error::Stream.into());
+            }
+            if !prefer.wait {
+                return accept(&jobs, &ctx, &req).await;
+            }
+            // `wait`: synchronously if admitted; a job instead of a full-queue or deadline
+            // refusal.
+            let (parts, body) = req.into_parts();
+            let copy = Request::from_parts(parts.clone(), body.clone());
+            match inner.call(Request::from_parts(parts, body)).await {
+                Err(e) if DEFERRABLE.contains(&e.reason()) => accept(&jobs, &ctx, &copy).await,
+                other => other,
+            }
+        })
+    }
+}
+
+/// Stores `req` as a job of the caller: 202, `Location`, `Preference-Applied`.
+async fn accept(
+    jobs: &Jobs,
+    ctx: &crate::context::Ctx,
+    req: &Request<Bytes>,
+) -> Result<Response<ResponseBody>, crate::Error> {
+    let tenant = ctx.identity()?.tenant.id.clone();
+    let body = req.body().clone();
+    jobs.check_limits(tenant.as_str(), 1, body.len() as u64)?;
+    let id = super::new_id("job_");
+    let job = super::store::NewJob {
+        id: id.clone(),
+        batch: None,
+        method: req.method().as_str().to_owned(),
+        path: req.uri().path().to_owned(),
+        body: body.to_vec(),
+    };
+    jobs.store()
+        .insert(tenant.as_str(), &[job], None)
+        .map_err(Error::from)?;
+    jobs.wake();
+    let doc = serde_json::json!({"id": id, "object": "fairgate.job", "status": "queued"});
+    let mut res = api::json(StatusCode::ACCEPTED, &doc);
+    let h = res.headers_mut();
+    if let Ok(v) = HeaderValue::try_from(format!("{}{id}", super::JOBS_PATH)) {
+        h.insert(header::LOCATION, v);
+    }
+    h.insert(
+        "preference-applied",
+        HeaderValue::from_static("respond-async"),
+    );
+    h.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    Ok(res)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefer_parses_respond_async_and_wait() {
+        let mut h = http::HeaderMap::new();
+        assert_eq!(Prefer::of(&h), Prefer::default());
+        h.insert("prefer", HeaderValue::from_static("Respond-Async, wait=10"));
+        assert_eq!(
+            Prefer::of(&h),
+            Prefer {
+                respond_async: true,
+                wait: true
+            }
+        );
+        h.insert("prefer", HeaderValue::from_static("return=minimal"));
+        assert!(!Prefer::of(&h).respond_async);
+    }
+}

@@ -1,0 +1,129 @@
+//! Jobs: asynchronous completion (`Prefer: respond-async`, RFC 7240) and the OpenAI Batch API
+//! (`/v1/files`, `/v1/batches`) for any provider, stored in an embedded SQLite file
+//! (`[jobs] path`) and run on the tenant's batch class through the same stack as every other
+//! request.
+//!
+//! The stage sits right below `body` (the identity is known, the body is read and parsed) and
+//! above `route`: it answers the jobs endpoints itself, turns a proxied `POST` that prefers
+//! `respond-async` into a job (`202 Accepted` + `Location`), and lets everything else through.
+//! The [`runner`] re-enters the whole stack (`server::stack`) with a [`context::JobRun`] in the
+//! request's extensions: the tenant stage identifies it as the job's tenant in the `batch`
+//! class, so weights, budgets, caps and the fair queue apply to every line.
+//!
+//! Invariants: a job is visible only to its tenant (another tenant's id is a 404); ids carry
+//! 128 random bits; a tenant has at most `max_inflight_per_tenant` jobs in the stack at once,
+//! at most `max_queued_jobs_per_tenant` queued and at most `max_stored_bytes_per_tenant` stored
+//! (429 `x-fairgate-limit: tenant` beyond); a finished job's answer is committed before it
+//! counts as finished, so after a crash only lines that were in flight run again
+//! (at-least-once for those, exactly once in the output file).
+//!
+//! [`context::JobRun`]: crate::context::JobRun
+
+pub mod api;
+pub mod batch;
+pub mod error;
+pub mod layer;
+pub mod multipart;
+pub mod runner;
+pub mod store;
+
+use std::sync::{Arc, Mutex};
+
+use crate::config::JobsConfig;
+pub use error::Error;
+pub use layer::Layer;
+pub use runner::Dispatch;
+use store::Store;
+
+/// Path prefix of an async job's status (`Location`).
+pub const JOBS_PATH: &str = "/v1/fairgate/jobs/";
+
+/// Response header: a finished job's outcome (`completed` or `failed`).
+pub const JOB_STATUS_HEADER: &str = "x-fairgate-job-status";
+
+/// Where the jobs subsystem reports (implemented by `metrics::Metrics`; labels bounded the same
+/// way as every per-tenant series).
+pub trait Meter: Send + Sync + std::fmt::Debug {
+    /// `fairgate_jobs{tenant,state}`: jobs by (tenant id, state) now (every state of
+    /// `store::state` not listed for a tenant is 0).
+    fn jobs(&self, counts: &[(String, String, u64)]);
+    /// `fairgate_batch_lines_total{tenant,outcome}`: a batch line of `tenant` finished
+    /// (`completed`, `failed`) or was queued again after a passing refusal (`retried`).
+    fn line(&self, tenant: &str, outcome: &'static str);
+    /// `fairgate_jobs_oldest_queued_seconds`: age of the oldest queued job.
+    fn oldest(&self, seconds: u64);
+}
+
+/// The jobs subsystem: the store, its limits and the runner's wake-up (cheap to clone).
+#[derive(Clone, Debug)]
+pub struct Jobs(Arc<Inner>);
+
+#[derive(Debug)]
+struct Inner {
+    store: Store,
+    config: JobsConfig,
+    wake: tokio::sync::Notify,
+    /// Serializes a batch's finalization (two lines finishing at once write one output file).
+    finalizing: Mutex<()>,
+    meter: Option<Arc<dyn Meter>>,
+}
+
+impl Jobs {
+    /// Opens (or creates) the store at `config.path`.
+    pub fn open(
+        config: &JobsConfig,
+        meter: Option<Arc<dyn Meter>>,
+    ) -> Result<Self, rusqlite::Error> {
+        Ok(Self(Arc::new(Inner {
+            store: Store::open(&config.path)?,
+            config: config.clone(),
+            wake: tokio::sync::Notify::new(),
+            finalizing: Mutex::new(()),
+            meter,
+        })))
+    }
+
+    /// The meter, if any.
+    pub fn meter(&self) -> Option<&dyn Meter> {
+        self.0.meter.as_deref()
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Store {
+        &self.0.store
+    }
+
+    /// The `[jobs]` settings in force (fixed at startup).
+    pub fn config(&self) -> &JobsConfig {
+        &self.0.config
+    }
+
+    /// Tells the runner there is work.
+    pub fn wake(&self) {
+        self.0.wake.notify_one();
+    }
+
+    /// Refuses `adding` more jobs of `bytes` for `tenant` beyond its limits.
+    pub fn check_limits(&self, tenant: &str, adding: u64, bytes: u64) -> Result<(), Error> {
+        let (queued, stored) = self.store().usage(tenant)?;
+        let c = self.config();
+        if queued.saturating_add(adding) > c.max_queued_jobs_per_tenant {
+            return Err(Error::Limit {
+                what: "queued jobs (max_queued_jobs_per_tenant)",
+                limit: c.max_queued_jobs_per_tenant,
+            });
+        }
+        if stored.saturating_add(bytes) > c.max_stored_bytes_per_tenant {
+            return Err(Error::Limit {
+                what: "stored bytes (max_stored_bytes_per_tenant)",
+                limit: c.max_stored_bytes_per_tenant,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// A fresh id: `prefix` and 128 random bits in hex.
+pub fn new_id(prefix: &str) -> String {
+    format!("{prefix}{:032x}", rand::random::<u128>())
+}

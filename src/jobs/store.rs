@@ -1,0 +1,584 @@
+//! The job store: jobs (async requests and batch lines), files and batches in one embedded
+//! SQLite file (`[jobs] path`, created on first use, WAL journal).
+//!
+//! Invariants: every row carries its tenant and every read by id filters on it (another
+//! tenant's id reads as absent); a job moves `queued → running → completed | failed` (or
+//! `cancelled` from `queued`), and a `running` job found at open (the process died while it
+//! was in flight) goes back to `queued`: at-least-once for a line in flight at a crash, never
+//! again for a finished one (its result is committed before it counts as finished). Calls are
+//! short synchronous transactions under one mutex, never held across an `.await`.
+
+use std::path::Path;
+use std::sync::Mutex;
+
+use rusqlite::{params, Connection, OptionalExtension};
+
+/// SQLite errors.
+pub type Result<T> = std::result::Result<T, rusqlite::Error>;
+
+/// Schema, created on first use.
+const SCHEMA: &str = "
+PRAGMA journal_mode = WAL;
+PRAGMA synchronous = NORMAL;
+CREATE TABLE IF NOT EXISTS jobs(
+  id TEXT PRIMARY KEY, tenant TEXT NOT NULL, batch TEXT, line INTEGER, custom_id TEXT,
+  method TEXT NOT NULL, path TEXT NOT NULL, body BLOB NOT NULL, state TEXT NOT NULL,
+  status INTEGER, resp_type TEXT, response BLOB, created INTEGER NOT NULL, finished INTEGER);
+CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state, tenant);
+CREATE INDEX IF NOT EXISTS jobs_batch ON jobs(batch, line);
+CREATE INDEX IF NOT EXISTS jobs_batch_state ON jobs(batch, state);
+CREATE TABLE IF NOT EXISTS files(
+  id TEXT PRIMARY KEY, tenant TEXT NOT NULL, purpose TEXT NOT NULL, filename TEXT NOT NULL,
+  bytes INTEGER NOT NULL, created INTEGER NOT NULL, content BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS batches(
+  id TEXT PRIMARY KEY, tenant TEXT NOT NULL, doc TEXT NOT NULL, status TEXT NOT NULL,
+  created INTEGER NOT NULL, finished INTEGER);
+";
+
+/// States a job row can be in.
+pub mod state {
+    /// Waiting for the runner.
+    pub const QUEUED: &str = "queued";
+    /// Sent through the stack.
+    pub const RUNNING: &str = "running";
+    /// Answered 2xx.
+    pub const COMPLETED: &str = "completed";
+    /// Answered anything else.
+    pub const FAILED: &str = "failed";
+    /// Cancelled before it ran.
+    pub const CANCELLED: &str = "cancelled";
+}
+
+/// A job to insert.
+#[derive(Debug, Clone)]
+pub struct NewJob {
+    /// Its id.
+    pub id: String,
+    /// Batch and line (0-based) and custom id, for a batch line.
+    pub batch: Option<(String, u32, String)>,
+    /// `POST`.
+    pub method: String,
+    /// The proxied path.
+    pub path: String,
+    /// The JSON body.
+    pub body: Vec<u8>,
+}
+
+/// A stored job.
+#[derive(Debug, Clone)]
+pub struct Job {
+    /// Its state (see [`state`]).
+    pub state: String,
+    /// The answer's status, once finished.
+    pub status: Option<u16>,
+    /// The answer's content type.
+    pub resp_type: Option<String>,
+    /// The answer's body.
+    pub response: Option<Vec<u8>>,
+}
+
+/// A job the runner has claimed.
+#[derive(Debug, Clone)]
+pub struct Claimed {
+    /// Its id.
+    pub id: String,
+    /// Its tenant.
+    pub tenant: String,
+    /// Its batch, if a batch line.
+    pub batch: Option<String>,
+    /// Method.
+    pub method: String,
+    /// Path.
+    pub path: String,
+    /// Body.
+    pub body: Vec<u8>,
+}
+
+/// A stored file's metadata.
+#[derive(Debug, Clone)]
+pub struct File {
+    /// Id.
+    pub id: String,
+    /// Purpose.
+    pub purpose: String,
+    /// Name.
+    pub filename: String,
+    /// Size.
+    pub bytes: u64,
+    /// Created (unix seconds).
+    pub created: u64,
+}
+
+/// A batch line's outcome, for the output and error files.
+#[derive(Debug, Clone)]
+pub struct Line {
+    /// Job id.
+    pub id: String,
+    /// The client's `custom_id`.
+    pub custom_id: String,
+    /// State.
+    pub state: String,
+    /// Status.
+    pub status: Option<u16>,
+    /// Body.
+    pub response: Option<Vec<u8>>,
+}
+
+/// The store (one connection behind a mutex).
+#[derive(Debug)]
+pub struct Store {
+    conn: Mutex<Connection>,
+}
+
+/// Unix seconds now.
+pub fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+impl Store {
+    /// Opens (creating if absent) the store at `path`; jobs left `running` by a previous
+    /// process go back to `queued`.
+    pub fn open(path: &Path) -> Result<Self> {
+        let conn = Connection::open(path)?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        conn.execute_batch(SCHEMA)?;
+        let requeued = conn.execute(
+            "UPDATE jobs SET state = 'queued' WHERE state = 'running'",
+            [],
+        )?;
+        if requeued > 0 {
+            tracing::warn!(
+                requeued,
+                "jobs in flight when the previous process stopped are queued again"
+            );
+        }
+        Ok(Self {
+            conn: Mutex::new(conn),
+        })
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut Connection) -> Result<T>) -> Result<T> {
+        let mut c = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        f(&mut c)
+    }
+
+    /// (jobs queued or running, bytes stored) of `tenant`.
+    pub fn usage(&self, tenant: &str) -> Result<(u64, u64)> {
+        self.with(|c| {
+            let jobs: i64 = c.query_row(
+                "SELECT COUNT(*) FROM jobs WHERE tenant = ?1 AND state IN ('queued','running')",
+                [tenant],
+                |r| r.get(0),
+            )?;
+            let bytes: i64 = c.query_row(
+                "SELECT (SELECT COALESCE(SUM(LENGTH(body) + COALESCE(LENGTH(response), 0)), 0) \
+                 FROM jobs WHERE tenant = ?1) + \
+                 (SELECT COALESCE(SUM(bytes), 0) FROM files WHERE tenant = ?1)",
+                [tenant],
+                |r| r.get(0),
+            )?;
+            Ok((jobs.max(0) as u64, bytes.max(0) as u64))
+        })
+    }
+
+    /// Inserts `jobs` of `tenant` (one transaction), and the batch document if any.
+    pub fn insert(&self, tenant: &str, jobs: &[NewJob], batch: Option<(&str, &str)>) -> Result<()> {
+        let t = now() as i64;
+        self.with(|c| {
+            let tx = c.transaction()?;
+            if let Some((id, doc)) = batch {
+                tx.execute(
+                    "INSERT INTO batches(id, tenant, doc, status, created) VALUES (?1,?2,?3,'in_progress',?4)",
+                    params![id, tenant, doc, t],
+                )?;
+            }
+            {
+                let mut st = tx.prepare(
+                    "INSERT INTO jobs(id, tenant, batch, line, custom_id, method, path, body, state, created) \
+                     VALUES (?1,?2,?3,?4,?5,?6,?7,?8,'queued',?9)",
+                )?;
+                for j in jobs {
+                    let (b, l, cid) = match &j.batch {
+                        Some((b, l, cid)) => (Some(b.as_str()), Some(*l), Some(cid.as_str())),
+                        None => (None, None, None),
+                    };
+                    st.execute(params![j.id, tenant, b, l, cid, j.method, j.path, j.body, t])?;
+                }
+            }
+            tx.commit()
+        })
+    }
+
+    /// The job `id` of `tenant`.
+    pub fn job(&self, tenant: &str, id: &str) -> Result<Option<Job>> {
+        self.with(|c| {
+            c.query_row(
+                "SELECT state, status, resp_type, response FROM jobs WHERE id = ?1 AND tenant = ?2 AND batch IS NULL",
+                [id, tenant],
+                |r| {
+                    Ok(Job {
+                        state: r.get(0)?,
+                        status: r.get(1)?,
+                        resp_type: r.get(2)?,
+                        response: r.get(3)?,
+                    })
+                },
+            )
+            .optional()
+        })
+    }
+
+    /// Cancels the queued job `id` of `tenant`; its state after (`None`: no such job).
+    pub fn cancel(&self, tenant: &str, id: &str) -> Result<Option<String>> {
+        self.with(|c| {
+            c.execute(
+                "UPDATE jobs SET state = 'cancelled', finished = ?3 WHERE id = ?1 AND tenant = ?2 AND state = 'queued'",
+                params![id, tenant, now() as i64],
+            )?;
+            c.query_row(
+                "SELECT state FROM jobs WHERE id = ?1 AND tenant = ?2 AND batch IS NULL",
+                [id, tenant],
+                |r| r.get(0),
+            )
+            .optional()
+        })
+    }
+
+    /// Tenants with queued jobs.
+    pub fn queued_tenants(&self) -> Result<Vec<String>> {
+        self.with(|c| {
+            let mut st = c.prepare("SELECT DISTINCT tenant FROM jobs WHERE state = 'queued'")?;
+            let rows = st.query_map([], |r| r.get(0))?;
+            rows.collect()
+        })
+    }
+
+    /// Claims up to `n` of `tenant`'s oldest queued jobs (marks them running).
+    pub fn claim(&self, tenant: &str, n: usize) -> Result<Vec<Claimed>> {
+        self.with(|c| {
+            let tx = c.transaction()?;
+            let claimed: Vec<Claimed> = {
+                let mut st = tx.prepare(
+                    "SELECT id, tenant, batch, method, path, body FROM jobs \
+                     WHERE state = 'queued' AND tenant = ?1 ORDER BY rowid LIMIT ?2",
+                )?;
+                let rows = st.query_map(params![tenant, n as i64], |r| {
+                    Ok(Claimed {
+                        id: r.get(0)?,
+                        tenant: r.get(1)?,
+                        batch: r.get(2)?,
+                        method: r.get(3)?,
+                        path: r.get(4)?,
+                        body: r.get(5)?,
+                    })
+                })?;
+                rows.collect::<Result<_>>()?
+            };
+            for j in &claimed {
+                tx.execute("UPDATE jobs SET state = 'running' WHERE id = ?1", [&j.id])?;
+            }
+            tx.commit()?;
+            Ok(claimed)
+        })
+    }
+
+    /// Puts a running job back in the queue (a transient refusal).
+    pub fn requeue(&self, id: &str) -> Result<()> {
+        self.with(|c| {
+            c.execute(
+                "UPDATE jobs SET state = 'queued' WHERE id = ?1 AND state = 'running'",
+                [id],
+            )
+            .map(drop)
+        })
+    }
+
+    /// Records a running job's answer.
+    pub fn finish(
+        &self,
+        id: &str,
+        status: u16,
+        resp_type: Option<&str>,
+        body: &[u8],
+    ) -> Result<()> {
+        let st = if (200..300).contains(&status) {
+            state::COMPLETED
+        } else {
+            state::FAILED
+        };
+        self.with(|c| {
+            c.execute(
+                "UPDATE jobs SET state = ?2, status = ?3, resp_type = ?4, response = ?5, finished = ?6 \
+                 WHERE id = ?1 AND state = 'running'",
+                params![id, st, status, resp_type, body, now() as i64],
+            )
+            .map(drop)
+        })
+    }
+
+    /// Stores a file.
+    pub fn insert_file(&self, tenant: &str, f: &File, content: &[u8]) -> Result<()> {
+        self.with(|c| {
+            c.execute(
+                "INSERT INTO files(id, tenant, purpose, filename, bytes, created, content) VALUES (?1,?2,?3,?4,?5,?6,?7)",
+                params![f.id, tenant, f.purpose, f.filename, f.bytes as i64, f.created as i64, content],
+            )
+            .map(drop)
+        })
+    }
+
+    /// The file `id` of `tenant`.
+    pub fn file(&self, tenant: &str, id: &str) -> Result<Option<File>> {
+        self.with(|c| {
+            c.query_row(
+                "SELECT id, purpose, filename, bytes, created FROM files WHERE id = ?1 AND tenant = ?2",
+                [id, tenant],
+                |r| {
+                    Ok(File {
+                        id: r.get(0)?,
+                        purpose: r.get(1)?,
+                        filename: r.get(2)?,
+                        bytes: r.get::<_, i64>(3)?.max(0) as u64,
+                        created: r.get::<_, i64>(4)?.max(0) as u64,
+                    })
+                },
+            )
+            .optional()
+        })
+    }
+
+    /// The content of file `id` of `tenant`.
+    pub fn file_content(&self, tenant: &str, id: &str) -> Result<Option<Vec<u8>>> {
+        self.with(|c| {
+            c.query_row(
+                "SELECT content FROM files WHERE id = ?1 AND tenant = ?2",
+                [id, tenant],
+                |r| r.get(0),
+            )
+            .optional()
+        })
+    }
+
+    /// Deletes file `id` of `tenant`; whether it existed.
+    pub fn delete_file(&self, tenant: &str, id: &str) -> Result<bool> {
+        self.with(|c| {
+            c.execute(
+                "DELETE FROM files WHERE id = ?1 AND tenant = ?2",
+                [id, tenant],
+            )
+            .map(|n| n > 0)
+        })
+    }
+
+    /// The batch document `id` of `tenant`.
+    pub fn batch(&self, tenant: &str, id: &str) -> Result<Option<String>> {
+        self.with(|c| {
+            c.query_row(
+                "SELECT doc FROM batches WHERE id = ?1 AND tenant = ?2",
+                [id, tenant],
+                |r| r.get(0),
+            )
+            .optional()
+        })
+    }
+
+    /// Batch documents of `tenant`, newest first, after the batch `after`, at most `limit`.
+    pub fn batches(&self, tenant: &str, after: Option<&str>, limit: usize) -> Result<Vec<String>> {
+        self.with(|c| {
+            let mut st = c.prepare(
+                "SELECT doc FROM batches WHERE tenant = ?1 AND (?2 IS NULL OR rowid < \
+                 (SELECT rowid FROM batches WHERE id = ?2 AND tenant = ?1)) ORDER BY rowid DESC LIMIT ?3",
+            )?;
+            let rows = st.query_map(params![tenant, after, limit as i64], |r| r.get(0))?;
+            rows.collect()
+        })
+    }
+
+    /// Saves a batch document (and its status; `finished`: it reached a final status).
+    pub fn save_batch(&self, id: &str, doc: &str, status: &str, finished: bool) -> Result<()> {
+        self.with(|c| {
+            c.execute(
+                "UPDATE batches SET doc = ?2, status = ?3, finished = CASE WHEN ?4 THEN ?5 ELSE NULL END WHERE id = ?1",
+                params![id, doc, status, finished, now() as i64],
+            )
+            .map(drop)
+        })
+    }
+
+    /// Stores a batch that failed validation (no lines).
+    pub fn insert_failed_batch(&self, tenant: &str, id: &str, doc: &str) -> Result<()> {
+        self.with(|c| {
+            c.execute(
+                "INSERT INTO batches(id, tenant, doc, status, created, finished) VALUES (?1,?2,?3,'failed',?4,?4)",
+                params![id, tenant, doc, now() as i64],
+            )
+            .map(drop)
+        })
+    }
+
+    /// Cancels the queued lines of batch `id`.
+    pub fn cancel_lines(&self, id: &str) -> Result<()> {
+        self.with(|c| {
+            c.execute(
+                "UPDATE jobs SET state = 'cancelled', finished = ?2 WHERE batch = ?1 AND state = 'queued'",
+                params![id, now() as i64],
+            )
+            .map(drop)
+        })
+    }
+
+    /// (total, completed, failed, unfinished) lines of batch `id`.
+    pub fn counts(&self, id: &str) -> Result<(u64, u64, u64, u64)> {
+        self.with(|c| {
+            c.query_row(
+                "SELECT COUNT(*), \
+                 COALESCE(SUM(state = 'completed'), 0), COALESCE(SUM(state = 'failed'), 0), \
+                 COALESCE(SUM(state IN ('queued','running')), 0) FROM jobs WHERE batch = ?1",
+                [id],
+                |r| {
+                    let g = |i| r.get::<_, i64>(i).map(|v| v.max(0) as u64);
+                    Ok((g(0)?, g(1)?, g(2)?, g(3)?))
+                },
+            )
+        })
+    }
+
+    /// Whether batch `id` has a line queued or running (an index seek, called per finished line).
+    pub fn unfinished(&self, id: &str) -> Result<bool> {
+        self.with(|c| {
+            c.query_row(
+                "SELECT EXISTS(SELECT 1 FROM jobs WHERE batch = ?1 AND state IN ('queued','running'))",
+                [id],
+                |r| r.get(0),
+            )
+        })
+    }
+
+    /// The lines of batch `id` in input order.
+    pub fn lines(&self, id: &str) -> Result<Vec<Line>> {
+        self.with(|c| {
+            let mut st = c.prepare(
+                "SELECT id, custom_id, state, status, response FROM jobs WHERE batch = ?1 ORDER BY line",
+            )?;
+            let rows = st.query_map([id], |r| {
+                Ok(Line {
+                    id: r.get(0)?,
+                    custom_id: r.get(1)?,
+                    state: r.get(2)?,
+                    status: r.get(3)?,
+                    response: r.get(4)?,
+                })
+            })?;
+            rows.collect()
+        })
+    }
+
+    /// The tenant of batch `id`.
+    pub fn batch_tenant(&self, id: &str) -> Result<Option<String>> {
+        self.with(|c| {
+            c.query_row("SELECT tenant FROM batches WHERE id = ?1", [id], |r| {
+                r.get(0)
+            })
+            .optional()
+        })
+    }
+
+    /// Batches not yet in a final status (at startup: to finalize those whose lines all
+    /// finished before a crash).
+    pub fn open_batches(&self) -> Result<Vec<String>> {
+        self.with(|c| {
+            let mut st = c.prepare("SELECT id FROM batches WHERE finished IS NULL")?;
+            let rows = st.query_map([], |r| r.get(0))?;
+            rows.collect()
+        })
+    }
+
+    /// Deletes what finished (files: were created) before `before` (unix seconds); rows deleted.
+    pub fn cleanup(&self, before: u64) -> Result<usize> {
+        let b = before as i64;
+        self.with(|c| {
+            let tx = c.transaction()?;
+            let mut n = tx.execute(
+                "DELETE FROM jobs WHERE finished IS NOT NULL AND finished < ?1 AND \
+                 (batch IS NULL OR batch IN (SELECT id FROM batches WHERE finished IS NOT NULL AND finished < ?1))",
+                [b],
+            )?;
+            n += tx.execute(
+                "DELETE FROM batches WHERE finished IS NOT NULL AND finished < ?1",
+                [b],
+            )?;
+            n += tx.execute("DELETE FROM files WHERE created < ?1", [b])?;
+            tx.commit()?;
+            Ok(n)
+        })
+    }
+
+    /// Seconds the oldest queued job has waited (0: none queued).
+    pub fn oldest_queued(&self) -> Result<u64> {
+        self.with(|c| {
+            let t: Option<i64> = c.query_row(
+                "SELECT MIN(created) FROM jobs WHERE state = 'queued'",
+                [],
+                |r| r.get(0),
+            )?;
+            Ok(t.map_or(0, |t| now().saturating_sub(t.max(0) as u64)))
+        })
+    }
+
+    /// Jobs by (tenant, state), for `fairgate_jobs`.
+    pub fn states(&self) -> Result<Vec<(String, String, u64)>> {
+        self.with(|c| {
+            let mut st =
+                c.prepare("SELECT tenant, state, COUNT(*) FROM jobs GROUP BY tenant, state")?;
+            let rows = st.query_map([], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get::<_, i64>(2)?.max(0) as u64))
+            })?;
+            rows.collect()
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(id: &str) -> NewJob {
+        NewJob {
+            id: id.to_owned(),
+            batch: None,
+            method: "POST".into(),
+            path: "/v1/chat/completions".into(),
+            body: b"{}".to_vec(),
+        }
+    }
+
+    #[test]
+    fn reads_are_per_tenant_and_a_crash_requeues_what_was_running() {
+        let dir = std::env::temp_dir().join(format!("fg-store-{:x}", rand::random::<u64>()));
+        let path = dir.with_extension("sqlite");
+        let s = Store::open(&path).unwrap();
+        s.insert("a", &[job("j1"), job("j2")], None).unwrap();
+        assert!(s.job("a", "j1").unwrap().is_some());
+        assert!(s.job("b", "j1").unwrap().is_none(), "another tenant's id");
+        assert_eq!(s.cancel("b", "j1").unwrap(), None);
+        let claimed = s.claim("a", 1).unwrap();
+        assert_eq!(claimed.len(), 1);
+        s.finish(&claimed[0].id, 200, None, b"ok").unwrap();
+        let running = s.claim("a", 5).unwrap();
+        assert_eq!(running.len(), 1);
+        drop(s);
+        // Reopened: the finished job stays finished, the running one is queued again.
+        let s = Store::open(&path).unwrap();
+        assert_eq!(
+            s.job("a", &claimed[0].id).unwrap().unwrap().state,
+            "completed"
+        );
+        assert_eq!(s.job("a", &running[0].id).unwrap().unwrap().state, "queued");
+        assert_eq!(s.usage("a").unwrap().0, 1);
+        assert!(s.cleanup(now() + 10).unwrap() >= 1);
+        assert!(s.job("a", &claimed[0].id).unwrap().is_none(), "retention");
+        let _ = std::fs::remove_file(&path);
+    }
+}

@@ -1,0 +1,89 @@
+//! The jobs subsystem's series (`crate::jobs::Meter`): `fairgate_jobs{tenant,state}`,
+//! `fairgate_batch_lines_total{tenant,outcome}` and `fairgate_jobs_oldest_queued_seconds`.
+//! The `tenant` label is the one every per-tenant series uses (the tenant id, or its plan
+//! without `per_tenant_labels`); an id not configured (a tenant removed since) is `other`, so
+//! the label set stays bounded by the config.
+
+use metrics::{Key, Label, Recorder, SharedString};
+
+use super::{Metrics, META};
+use crate::domain::TenantId;
+use crate::jobs::store::state;
+
+impl Metrics {
+    fn jobs_label(&self, tenant: &str) -> SharedString {
+        self.tenants
+            .get(&TenantId::new(tenant))
+            .and_then(|(i, _)| self.labels.get(*i).cloned())
+            .unwrap_or_else(|| SharedString::const_str("other"))
+    }
+}
+
+impl crate::jobs::Meter for Metrics {
+    fn jobs(&self, counts: &[(String, String, u64)]) {
+        let mut sums: std::collections::HashMap<(SharedString, &'static str), u64> =
+            std::collections::HashMap::new();
+        for label in self
+            .labels
+            .iter()
+            .cloned()
+            .chain([SharedString::const_str("other")])
+        {
+            for s in [
+                state::QUEUED,
+                state::RUNNING,
+                state::COMPLETED,
+                state::FAILED,
+                state::CANCELLED,
+            ] {
+                sums.insert((label.clone(), s), 0);
+            }
+        }
+        for (tenant, st, n) in counts {
+            let label = self.jobs_label(tenant);
+            if let Some(v) = [
+                state::QUEUED,
+                state::RUNNING,
+                state::COMPLETED,
+                state::FAILED,
+                state::CANCELLED,
+            ]
+            .into_iter()
+            .find(|s| s == st)
+            .and_then(|s| sums.get_mut(&(label, s)))
+            {
+                *v += n;
+            }
+        }
+        for ((label, st), n) in sums {
+            let key = Key::from_parts(
+                "fairgate_jobs",
+                vec![
+                    Label::new("tenant", label),
+                    Label::new("state", SharedString::const_str(st)),
+                ],
+            );
+            self.recorder.register_gauge(&key, &META).set(n as f64);
+        }
+    }
+
+    fn line(&self, tenant: &str, outcome: &'static str) {
+        let key = Key::from_parts(
+            "fairgate_batch_lines_total",
+            vec![
+                Label::new("tenant", self.jobs_label(tenant)),
+                Label::new("outcome", SharedString::const_str(outcome)),
+            ],
+        );
+        self.recorder.register_counter(&key, &META).increment(1);
+    }
+
+    fn oldest(&self, seconds: u64) {
+        self.recorder
+            .register_gauge(
+                &Key::from_name("fairgate_jobs_oldest_queued_seconds"),
+                &META,
+            )
+            .set(seconds as f64);
+    }
+}
