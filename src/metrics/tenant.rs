@@ -42,31 +42,21 @@ pub enum Outcome {
     Rejected = 2,
 }
 
-/// One tenant's (or cohort's) pre-registered series.
-pub struct TenantMetrics {
-    label: SharedString,
-    recorder: Arc<PrometheusRecorder>,
+/// The histograms of one label (a tenant, or a plan cohort: `[metrics] histograms`), shared
+/// by every tenant counted under it.
+pub struct Histograms {
     queue_wait: [Histogram; 2],
     duration: Histogram,
     ttfb: Histogram,
     error_ratio: Histogram,
-    deadline_misses: Counter,
-    costs: [Counter; 3],
-    statuses: Mutex<crate::domain::FastMap<u16, Counter>>,
-    /// `statuses[200]`, once registered.
-    ok: OnceLock<Counter>,
-    /// The first model seen and its (estimated, actual) counters, also in `models`.
-    first_model: OnceLock<(String, Counter, Counter)>,
-    rejected: Mutex<crate::domain::FastMap<&'static str, Counter>>,
-    unread: Mutex<crate::domain::FastMap<&'static str, Counter>>,
-    models: Mutex<crate::domain::FastMap<String, (Counter, Counter)>>,
 }
 
-impl TenantMetrics {
-    pub(super) fn new(recorder: &Arc<PrometheusRecorder>, label: &str) -> Self {
-        let label: SharedString = label.to_owned().into();
+impl Histograms {
+    /// Registers (or finds again) the histograms labelled `key="value"`.
+    pub(super) fn new(recorder: &PrometheusRecorder, key: &'static str, value: &str) -> Self {
+        let value: SharedString = value.to_owned().into();
         let h = |name: &'static str, extra: Option<(&'static str, &'static str)>| {
-            let mut labels = vec![Label::new("tenant", label.clone())];
+            let mut labels = vec![Label::new(key, value.clone())];
             if let Some((k, v)) = extra {
                 labels.push(Label::new(k, v));
             }
@@ -83,25 +73,41 @@ impl TenantMetrics {
             duration: h("fairgate_request_duration_seconds", None),
             ttfb: h("fairgate_time_to_first_byte_seconds", None),
             error_ratio: h("fairgate_estimate_error_ratio", None),
-            deadline_misses: recorder.register_counter(
-                &Key::from_parts(
-                    "fairgate_deadline_misses_total",
-                    vec![Label::new("tenant", label.clone())],
-                ),
-                &META,
-            ),
-            costs: ["admitted", "deferred", "rejected"].map(|outcome| {
-                let labels = vec![
-                    Label::new("tenant", label.clone()),
-                    Label::new("outcome", outcome),
-                ];
-                recorder.register_counter(
-                    &Key::from_parts("fairgate_cost_tokens_total", labels),
-                    &META,
-                )
-            }),
-            label,
+        }
+    }
+}
+
+/// One tenant's (or cohort's) series: counters registered when first counted (a tenant that
+/// never missed a deadline has no `fairgate_deadline_misses_total` line), histograms shared by
+/// its histogram label.
+pub struct TenantMetrics {
+    label: SharedString,
+    recorder: Arc<PrometheusRecorder>,
+    histograms: Arc<Histograms>,
+    deadline_misses: OnceLock<Counter>,
+    costs: [OnceLock<Counter>; 3],
+    statuses: Mutex<crate::domain::FastMap<u16, Counter>>,
+    /// `statuses[200]`, once registered.
+    ok: OnceLock<Counter>,
+    /// The first model seen and its (estimated, actual) counters, also in `models`.
+    first_model: OnceLock<(String, Counter, Counter)>,
+    rejected: Mutex<crate::domain::FastMap<&'static str, Counter>>,
+    unread: Mutex<crate::domain::FastMap<&'static str, Counter>>,
+    models: Mutex<crate::domain::FastMap<String, (Counter, Counter)>>,
+}
+
+impl TenantMetrics {
+    pub(super) fn new(
+        recorder: &Arc<PrometheusRecorder>,
+        label: &str,
+        histograms: Arc<Histograms>,
+    ) -> Self {
+        Self {
+            label: label.to_owned().into(),
             recorder: recorder.clone(),
+            histograms,
+            deadline_misses: OnceLock::new(),
+            costs: Default::default(),
             statuses: Mutex::default(),
             ok: OnceLock::new(),
             first_model: OnceLock::new(),
@@ -142,7 +148,11 @@ impl TenantMetrics {
 
     /// Counts estimated tokens by what became of them.
     pub fn cost(&self, outcome: Outcome, tokens: u64) {
-        self.costs[outcome as usize].increment(tokens);
+        const NAMES: [&str; 3] = ["admitted", "deferred", "rejected"];
+        let i = outcome as usize;
+        self.costs[i]
+            .get_or_init(|| self.counter("fairgate_cost_tokens_total", "outcome", NAMES[i].into()))
+            .increment(tokens);
     }
 
     /// Counts one 2xx body whose usage could not be read, by reason
@@ -157,7 +167,15 @@ impl TenantMetrics {
     /// Counts one refusal by reason.
     pub fn rejected(&self, reason: &'static str) {
         if matches!(reason, "deadline_exceeded" | "deadline_infeasible") {
-            self.deadline_misses.increment(1);
+            self.deadline_misses
+                .get_or_init(|| {
+                    let labels = vec![Label::new("tenant", self.label.clone())];
+                    self.recorder.register_counter(
+                        &Key::from_parts("fairgate_deadline_misses_total", labels),
+                        &META,
+                    )
+                })
+                .increment(1);
         }
         let mut map = self.rejected.lock().unwrap_or_else(|p| p.into_inner());
         map.entry(reason)
@@ -168,14 +186,14 @@ impl TenantMetrics {
     /// Records the time a request spent queued.
     pub fn queue_wait(&self, class: Class, waited: Duration) {
         let i = usize::from(class == Class::Batch);
-        self.queue_wait[i].record(waited.as_secs_f64());
+        self.histograms.queue_wait[i].record(waited.as_secs_f64());
     }
 
     /// Records a finished request's timings.
     pub fn timings(&self, total: Duration, ttfb: Option<Duration>) {
-        self.duration.record(total.as_secs_f64());
+        self.histograms.duration.record(total.as_secs_f64());
         if let Some(t) = ttfb {
-            self.ttfb.record(t.as_secs_f64());
+            self.histograms.ttfb.record(t.as_secs_f64());
         }
     }
 
@@ -234,7 +252,8 @@ impl TenantMetrics {
         e.increment(estimated);
         if let Some(actual) = actual {
             a.increment(actual);
-            self.error_ratio
+            self.histograms
+                .error_ratio
                 .record(actual as f64 / estimated.max(1) as f64);
         }
     }
@@ -252,7 +271,11 @@ mod tests {
     #[test]
     fn lock_free_paths_count_like_the_maps() {
         let recorder = Arc::new(PrometheusBuilder::new().build_recorder());
-        let t = TenantMetrics::new(&recorder, "t");
+        let t = TenantMetrics::new(
+            &recorder,
+            "t",
+            Arc::new(Histograms::new(&recorder, "tenant", "t")),
+        );
         for status in [200, 200, 404, 200] {
             t.request(status);
         }
@@ -288,7 +311,11 @@ mod tests {
     #[test]
     fn client_chosen_model_names_are_cut_and_folded_into_other() {
         let recorder = Arc::new(PrometheusBuilder::new().build_recorder());
-        let t = TenantMetrics::new(&recorder, "t");
+        let t = TenantMetrics::new(
+            &recorder,
+            "t",
+            Arc::new(Histograms::new(&recorder, "tenant", "t")),
+        );
         let long = format!("{}é", "m".repeat(MAX_LABEL - 1));
         assert_eq!(
             t.model_label(&long),
