@@ -8,11 +8,15 @@
 //! by reason. Rows are sorted by who is furthest below their entitlement (entitled − served,
 //! largest first), filtered by `q` (a case-insensitive substring of the tenant id).
 //!
+//! Entitlement is max-min fair (water-filling) over the rolling window: a tenant that is not
+//! waiting (nothing queued) is entitled to what it was served — it got all it asked for; the
+//! rest of the pool's service is split among the waiting tenants by weight. So the gap shows
+//! who waits while others get more than their weight, and a quiet tenant never looks wronged.
+//!
 //! Invariants: the payload is bounded whatever the number of tenants — at most `top` rows
 //! ([`MAX_TOP`]; default [`DEFAULT_TOP`]) and the timeline's bounded rings; the work is one pass
 //! over every tenant (no per-tenant allocation but its row) and the enrichment of the shown rows
-//! only. A tenant is entitled to a share only while active (served in the window or queued):
-//! its weight over the weight of the pool's active tenants.
+//! only.
 
 use std::sync::Arc;
 
@@ -134,12 +138,30 @@ impl super::Layer {
                 .map(|(t, _)| m.window_served(i, &t.id, sec))
                 .collect();
             let total_served: u64 = served.iter().sum();
-            let active_weight: f64 = snap
+            let share = |s: u64| {
+                if total_served > 0 {
+                    s as f64 / total_served as f64
+                } else {
+                    0.0
+                }
+            };
+            let waiting_weight: f64 = snap
+                .iter()
+                .filter(|(t, _)| t.queued > 0)
+                .map(|(t, _)| t.weight.get())
+                .sum();
+            // What the tenants that do not wait took; the rest is the waiting tenants' by weight.
+            let satisfied: f64 = snap
                 .iter()
                 .zip(&served)
-                .filter(|((t, _), s)| **s > 0 || t.queued > 0)
-                .map(|((t, _), _)| t.weight.get())
+                .filter(|((t, _), _)| t.queued == 0)
+                .map(|(_, s)| share(*s))
                 .sum();
+            let remaining = if total_served > 0 {
+                (1.0 - satisfied).max(0.0)
+            } else {
+                1.0
+            };
             let (mut queued, mut in_flight, mut oldest) = (0usize, 0u32, None::<u64>);
             let index = jain(
                 snap.iter()
@@ -153,7 +175,6 @@ impl super::Layer {
                 queued += t.queued;
                 in_flight += t.in_flight;
                 oldest = oldest.max(age);
-                let active = served > 0 || t.queued > 0;
                 if !query.search.is_empty() && !t.id.as_str().to_lowercase().contains(&query.search)
                 {
                     continue;
@@ -165,15 +186,11 @@ impl super::Layer {
                     in_flight: t.in_flight,
                     oldest_ms: age,
                     served,
-                    served_share: if total_served > 0 {
-                        served as f64 / total_served as f64
+                    served_share: share(served),
+                    entitled_share: if t.queued > 0 {
+                        remaining * t.weight.get() / waiting_weight
                     } else {
-                        0.0
-                    },
-                    entitled_share: if active && active_weight > 0.0 {
-                        t.weight.get() / active_weight
-                    } else {
-                        0.0
+                        share(served)
                     },
                     tenant: t.id,
                 });
