@@ -138,9 +138,9 @@ impl Metrics {
             } else {
                 cohort.clone()
             };
-            let hist_label = match (self.per_tenant_labels, self.histograms) {
-                (true, HistogramLabels::Plan) => ("plan", cohort),
-                _ => ("tenant", label.clone()),
+            let hist_label = match self.histograms {
+                HistogramLabels::Plan => ("plan", cohort),
+                HistogramLabels::Tenant => ("tenant", label.clone()),
             };
             let (index, series) = by_label
                 .entry(label.clone())
