@@ -62,10 +62,11 @@ for t in ts: t.join()
 print("answers:", dict(statuses))
 PY
 AFTER=$(rss)
-for _ in 1 2 3 4 5; do
+for _ in $(seq "${SCRAPES:-5}"); do
   curl -s -o "$DIR/metrics" -w 'scrape /metrics: %{time_total} s, %{size_download} bytes\n' \
     "http://127.0.0.1:$FPORT/metrics"
 done
+SCRAPED=$(rss)
 echo "/metrics lines: $(wc -l <"$DIR/metrics") (of which fairgate_*_bucket: $(grep -c '_bucket{' "$DIR/metrics" || true))"
 for _ in 1 2 3; do
   curl -s -o "$DIR/state" -H 'authorization: Bearer bench' \
@@ -75,4 +76,4 @@ done
 curl -s -o /dev/null -H 'authorization: Bearer bench' \
   -w 'read /admin/state?top=50&q=t0999: %{time_total} s, %{size_download} bytes\n' \
   "http://127.0.0.1:$FPORT/admin/state?top=50&q=t0999"
-echo "tenants: $N; VmRSS before the load $BEFORE MiB, after every tenant was served $(rss) MiB (right after the load: $AFTER MiB)"
+echo "tenants: $N; VmRSS before the load $BEFORE MiB; right after the load $AFTER MiB; after ${SCRAPES:-5} scrapes $SCRAPED MiB; after the /admin/state reads $(rss) MiB"

@@ -81,6 +81,8 @@ pub struct Metrics {
     top_tenants: usize,
     tenants: crate::domain::FastMap<TenantId, Entry>,
     labels: Vec<SharedString>,
+    /// The series of each label, indexed like `labels`.
+    series: Vec<Arc<TenantMetrics>>,
     pools: Vec<(String, crate::domain::FastMap<TenantId, Arc<Served>>)>,
     timeline: Arc<Timeline>,
 }
@@ -118,6 +120,7 @@ impl Metrics {
             top_tenants: config.metrics.top_tenants,
             tenants: Default::default(),
             labels: Vec::new(),
+            series: Vec::new(),
             pools: Vec::new(),
             timeline: Arc::default(),
         };
@@ -162,7 +165,7 @@ impl Metrics {
                                     ))
                                 })
                                 .clone();
-                            Arc::new(TenantMetrics::new(&self.recorder, &label, h))
+                            Arc::new(TenantMetrics::new(&label, h))
                         });
                     (labels.len() - 1, series)
                 })
@@ -181,6 +184,11 @@ impl Metrics {
             };
             tenants.insert(id, entry);
         }
+        let mut series: Vec<Option<Arc<TenantMetrics>>> = vec![None; labels.len()];
+        for (i, m) in by_label.into_values() {
+            series[i] = Some(m);
+        }
+        let series: Vec<Arc<TenantMetrics>> = series.into_iter().flatten().collect();
         let pools = config
             .upstreams
             .iter()
@@ -205,6 +213,7 @@ impl Metrics {
             top_tenants: self.top_tenants,
             tenants,
             labels,
+            series,
             pools,
             timeline: self.timeline.clone(),
         })
@@ -427,7 +436,15 @@ impl Metrics {
         plain("fairgate_upstream_retries_exhausted_total")
             .absolute(r.exhausted.load(Ordering::Relaxed));
         self.sample(pools, admission);
-        let mut text = self.handle.render();
+        let mut families = tenant::Families::with_capacity(self.series.len());
+        for s in &self.series {
+            s.write(&mut families);
+        }
+        let registry = self.handle.render();
+        let mut text = String::with_capacity(registry.len() + families.len() + gauges.len());
+        text.push_str(&registry);
+        drop(registry);
+        families.finish(&mut text);
         text.push_str(&gauges);
         text
     }
