@@ -49,6 +49,7 @@ async fn demo_shows_small_tenants_served_promptly_under_drr_only() {
     let args = DemoArgs {
         chart: chart.clone(),
         time_scale: 0.3,
+        console_token: None,
     };
     let (fifo, drr) = demo::run(&args).await.unwrap();
     let (n, _, _, _, errors) = demo::summary(&drr, true);
@@ -61,6 +62,39 @@ async fn demo_shows_small_tenants_served_promptly_under_drr_only() {
     );
     let svg = std::fs::read_to_string(&chart).unwrap();
     assert_eq!(svg.matches("<circle").count(), fifo.len() + drr.len());
+    let _ = std::fs::remove_file(chart);
+}
+
+#[test]
+fn demo_prints_the_console_url_of_each_run() {
+    let chart = std::env::temp_dir().join(format!("fg-demo-url-{}.svg", std::process::id()));
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_fairgate"))
+        .args([
+            "demo",
+            "--time-scale",
+            "0.05",
+            "--console-token",
+            "tok-demo",
+        ])
+        .arg("--chart")
+        .arg(&chart)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let urls: Vec<&str> = stdout
+        .lines()
+        .filter_map(|l| l.split_once("watch it live: ").map(|(_, u)| u))
+        .collect();
+    assert_eq!(urls.len(), 2, "{stdout}");
+    for u in urls {
+        assert!(u.starts_with("http://127.0.0.1:"), "{u}");
+        assert!(u.ends_with("/admin/ui#token=tok-demo"), "{u}");
+    }
     let _ = std::fs::remove_file(chart);
 }
 

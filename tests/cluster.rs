@@ -687,6 +687,10 @@ async fn h_a_limit_learned_from_429s_is_shared_by_the_replicas() {
         shared_limit.is_some_and(|l| l <= 6),
         "the replicas learned and shared a limit near K: {shared_limit:?}"
     );
+    // Settled: 50 more completions at the learned limit (the 429s of the cut that published it
+    // are still being answered right after it), then the counting starts.
+    let at_learn = mock.stats.completed();
+    assert!(eventually(|| mock.stats.completed() >= at_learn + 50).await);
     learned.store(true, Ordering::Relaxed);
     let (rejected_at_settle, completed_at_settle) =
         (mock.stats.rejected_429(), mock.stats.completed());

@@ -60,8 +60,19 @@ fn grafana_dashboard_queries_the_contract_families() {
         "fairgate_upstream_retries_total",
         "fairgate_deadline_misses_total",
         "fairgate_cost_tokens_total",
+        "fairgate_cluster_degraded",
     ] {
         assert!(text.contains(family), "dashboard lacks {family}");
+    }
+    // Histograms are labelled by plan by default ([metrics] histograms): the dashboard groups
+    // them by plan, never by a tenant label they do not carry.
+    for p in v["panels"].as_array().unwrap() {
+        for t in p["targets"].as_array().unwrap() {
+            let expr = t["expr"].as_str().unwrap();
+            if expr.contains("_bucket") || expr.contains("_ratio_sum") {
+                assert!(expr.contains("plan") && !expr.contains("tenant"), "{expr}");
+            }
+        }
     }
 }
 

@@ -32,10 +32,11 @@ fn body(content: &str) -> String {
 #[tokio::test]
 async fn flood_raises_queue_depth_and_counts_statuses_and_reasons() {
     let mock = mock_with(MockConfig::default()).await;
+    // Histograms per tenant (the default is per plan: tests/metrics_scale.rs).
     let toml = cfg(
         &mock.base_url(),
         1,
-        "",
+        "[metrics]\nhistograms = \"tenant\"\n",
         &[("flood", "max_queued = 3"), ("small", "")],
     );
     let proxy = proxy(&toml).await;

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 
 pub use cidr::Cidr;
 pub use cluster::ClusterConfig;
-pub use observe::{AdminConfig, LogConfig, LogFormat, MetricsConfig};
+pub use observe::{AdminConfig, HistogramLabels, LogConfig, LogFormat, MetricsConfig};
 pub use otel::OtelConfig;
 pub use schema::*;
 pub use validate::validate;

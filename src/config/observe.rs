@@ -10,12 +10,33 @@ pub struct MetricsConfig {
     /// Label per-tenant series with the tenant id (`true`) or with the tenant's plan cohort
     /// (`false`; tenants without a plan share the cohort `none`), for very many tenants.
     pub per_tenant_labels: bool,
+    /// What the histograms (queue wait, duration, time to first byte, estimate error) are
+    /// labelled by while `per_tenant_labels` is on: `"plan"` (default; label `plan`, the
+    /// tenant's plan or `none`) or `"tenant"` (label `tenant`: ~90 lines per tenant).
+    pub histograms: HistogramLabels,
+    /// Scrape-time gauges (queue depth, in flight, oldest queued, share ratio) are written for
+    /// at most this many tenants: those with the most backlog (queued, then in flight, then
+    /// served). Default 100; the console (`/admin/ui`) shows every tenant.
+    pub top_tenants: usize,
+}
+
+/// `[metrics] histograms`: the label of the histograms.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum HistogramLabels {
+    /// Per plan cohort (`plan` label): a handful of series however many tenants.
+    #[default]
+    Plan,
+    /// Per tenant (`tenant` label).
+    Tenant,
 }
 
 impl Default for MetricsConfig {
     fn default() -> Self {
         Self {
             per_tenant_labels: true,
+            histograms: HistogramLabels::Plan,
+            top_tenants: 100,
         }
     }
 }

@@ -28,6 +28,9 @@ pub struct DemoArgs {
     /// Scale the schedule's time (1.0 ≈ 25 s in all; smaller is faster, for tests).
     #[arg(long, default_value_t = 1.0)]
     pub time_scale: f64,
+    /// The admin token of the live console whose URL the demo prints (default: a random one).
+    #[arg(long)]
+    pub console_token: Option<String>,
 }
 
 /// Why the demo could not run.
@@ -66,15 +69,23 @@ pub async fn run(args: &DemoArgs) -> Result<(Vec<Sample>, Vec<Sample>), DemoErro
         schedule.small_count(),
         SERVICE.mul_f64(scale).as_secs_f64() * 1000.0
     );
+    let token = args
+        .console_token
+        .clone()
+        .unwrap_or_else(|| format!("demo-{:016x}", rand::random::<u64>()));
     let mut results = Vec::new();
     for policy in ["fifo", "drr"] {
-        println!("running {policy} …");
         let config = Config::from_toml_str(&config_toml(&mock.base_url(), policy))
             .map_err(|e| DemoError::Start(e.to_string()))?;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let proxy = server::start(config, listener)
+        let env = server::Env::vars([(CONSOLE_TOKEN_ENV, token.as_str())]);
+        let proxy = server::start_with_env(config, listener, env)
             .await
             .map_err(|e| DemoError::Start(e.to_string()))?;
+        println!(
+            "running {policy} … watch it live: http://{}/admin/ui#token={token}",
+            proxy.addr
+        );
         results.push(schedule.run(proxy.addr).await);
         proxy.shutdown();
         let _ = proxy.join().await;
@@ -92,9 +103,14 @@ pub async fn run(args: &DemoArgs) -> Result<(Vec<Sample>, Vec<Sample>), DemoErro
     Ok((fifo, drr))
 }
 
+/// The variable the demo's servers read their console token from (given to them directly,
+/// never set in the process environment).
+const CONSOLE_TOKEN_ENV: &str = "FAIRGATE_DEMO_CONSOLE_TOKEN";
+
 fn config_toml(base_url: &str, policy: &str) -> String {
     let mut s = format!(
-        "[scheduler]\npolicy = \"{policy}\"\n\
+        "[admin]\ntoken_env = \"{CONSOLE_TOKEN_ENV}\"\n\
+         [scheduler]\npolicy = \"{policy}\"\n\
          [[upstreams]]\nname = \"mock\"\nbase_url = \"{base_url}\"\nmax_concurrency = {CAPACITY}\n\
          [[tenants]]\nid = \"A\"\napi_keys = [\"demo-A\"]\n"
     );

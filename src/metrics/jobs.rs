@@ -14,7 +14,7 @@ impl Metrics {
     fn jobs_label(&self, tenant: &str) -> SharedString {
         self.tenants
             .get(&TenantId::new(tenant))
-            .and_then(|(i, _)| self.labels.get(*i).cloned())
+            .and_then(|e| self.labels.get(e.label).cloned())
             .unwrap_or_else(|| SharedString::const_str("other"))
     }
 }

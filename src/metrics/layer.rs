@@ -55,6 +55,7 @@ const DEFERRED: Duration = Duration::from_millis(1);
 /// One request's metrics record: what it reads from the context, recorded once.
 struct Record {
     tenant: Arc<TenantMetrics>,
+    live: Option<Arc<super::live::TenantLive>>,
     ctx: Ctx,
     start: Instant,
     otel: Option<Arc<crate::otel::Exporter>>,
@@ -70,6 +71,9 @@ impl Record {
     fn outcome(&mut self, status: StatusCode, refused: Option<&'static str>) {
         if let Some(r) = refused {
             self.tenant.rejected(r);
+            if let Some(live) = &self.live {
+                live.refused(r);
+            }
             if let Some(e) = self.estimated() {
                 self.tenant.cost(Outcome::Rejected, e);
             }
@@ -87,6 +91,9 @@ impl crate::queue::Observer for Metrics {
             return;
         };
         tenant.queue_wait(id.class, d.waited);
+        if let Some(live) = self.live(&id.tenant.id) {
+            live.waited(d.waited);
+        }
         self.served(d.pool, &id.tenant.id, d.charged.0);
         if let Some(e) = ctx.estimate_if_counted().map(|e| e.charge.total().0) {
             tenant.cost(Outcome::Admitted, e);
@@ -135,6 +142,7 @@ where
         };
         let mut record = Record {
             tenant,
+            live: self.metrics.live(&id.tenant.id).cloned(),
             ctx,
             start: Instant::now(),
             otel: self.metrics.otel().cloned(),
@@ -206,6 +214,9 @@ impl Drop for Done {
             // The client stopped reading: the response was cut (see `server::stall`).
             self.refused = Some("client_stalled");
             self.record.tenant.rejected("client_stalled");
+            if let Some(live) = &self.record.live {
+                live.refused("client_stalled");
+            }
         }
         if let (Some(reason), None) = (self.record.ctx.cut(), self.refused) {
             // fairgate ended the stream at the tenant's stream limit (`usage`).

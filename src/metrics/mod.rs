@@ -14,6 +14,7 @@
 mod fairness;
 mod jobs;
 mod layer;
+pub mod live;
 mod scrape;
 mod tenant;
 
@@ -28,12 +29,16 @@ use metrics_exporter_prometheus::{
     Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
 };
 
+pub use fairness::WINDOW_SECS;
 pub use layer::{Layer, Service};
 pub use scrape::{Scrape, ScrapeService};
 pub use tenant::{Outcome, TenantMetrics};
 
+use live::{TenantLive, Timeline};
+use tenant::Histograms;
+
 use crate::admission::Admission;
-use crate::config::Config;
+use crate::config::{Config, HistogramLabels};
 use crate::domain::TenantId;
 use crate::queue::FairQueue;
 
@@ -53,6 +58,15 @@ struct Served {
     window: Mutex<fairness::Window>,
 }
 
+/// One configured tenant's series and live state.
+struct Entry {
+    /// Index of its label in `Metrics::labels`.
+    label: usize,
+    series: Arc<TenantMetrics>,
+    live: Arc<TenantLive>,
+    plan: Option<Arc<str>>,
+}
+
 /// A server's metrics: registry, per-tenant handles, scrape-time computations.
 ///
 /// One per configuration generation: a reload builds a new one ([`Metrics::reloaded`]) that
@@ -64,11 +78,16 @@ pub struct Metrics {
     handle: PrometheusHandle,
     epoch: Instant,
     per_tenant_labels: bool,
-    tenants: crate::domain::FastMap<TenantId, (usize, Arc<TenantMetrics>)>,
+    histograms: HistogramLabels,
+    top_tenants: usize,
+    tenants: crate::domain::FastMap<TenantId, Entry>,
     labels: Vec<SharedString>,
+    /// The series of each label, indexed like `labels`.
+    series: Vec<Arc<TenantMetrics>>,
     pools: Vec<(String, crate::domain::FastMap<TenantId, Arc<Served>>)>,
     /// OpenTelemetry export (`[otel] endpoint`; kept across reloads).
     otel: Option<Arc<crate::otel::Exporter>>,
+    timeline: Arc<Timeline>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -100,10 +119,14 @@ impl Metrics {
             handle,
             epoch: Instant::now(),
             per_tenant_labels: config.metrics.per_tenant_labels,
+            histograms: config.metrics.histograms,
+            top_tenants: config.metrics.top_tenants,
             tenants: Default::default(),
             labels: Vec::new(),
+            series: Vec::new(),
             pools: Vec::new(),
             otel: None,
+            timeline: Arc::default(),
         };
         let counters = crate::otel::Counters {
             dropped: empty.plain_counter("fairgate_otel_dropped_total"),
@@ -122,28 +145,63 @@ impl Metrics {
     pub fn reloaded(&self, config: &Config) -> Arc<Self> {
         let mut labels: Vec<SharedString> = Vec::new();
         let mut by_label: HashMap<String, (usize, Arc<TenantMetrics>)> = HashMap::new();
+        let mut histograms: HashMap<(&'static str, String), Arc<Histograms>> = HashMap::new();
         let mut tenants = crate::domain::FastMap::default();
         for t in &config.tenants {
+            let cohort = t.plan.clone().unwrap_or_else(|| "none".to_owned());
             let label = if self.per_tenant_labels {
                 t.id.clone()
             } else {
-                t.plan.clone().unwrap_or_else(|| "none".to_owned())
+                cohort.clone()
             };
-            let entry = by_label
+            let hist_label = match self.histograms {
+                HistogramLabels::Plan => ("plan", cohort),
+                HistogramLabels::Tenant => ("tenant", label.clone()),
+            };
+            let (index, series) = by_label
                 .entry(label.clone())
                 .or_insert_with(|| {
                     labels.push(label.clone().into());
                     let series = self
                         .tenants
                         .values()
-                        .find(|(i, _)| self.labels[*i].as_ref() == label.as_str())
-                        .map(|(_, m)| m.clone())
-                        .unwrap_or_else(|| Arc::new(TenantMetrics::new(&self.recorder, &label)));
+                        .find(|e| self.labels[e.label].as_ref() == label.as_str())
+                        .map(|e| e.series.clone())
+                        .unwrap_or_else(|| {
+                            let h = histograms
+                                .entry(hist_label.clone())
+                                .or_insert_with(|| {
+                                    Arc::new(Histograms::new(
+                                        &self.recorder,
+                                        hist_label.0,
+                                        &hist_label.1,
+                                    ))
+                                })
+                                .clone();
+                            Arc::new(TenantMetrics::new(&label, h))
+                        });
                     (labels.len() - 1, series)
                 })
                 .clone();
-            tenants.insert(TenantId::new(t.id.as_str()), entry);
+            let id = TenantId::new(t.id.as_str());
+            let live = self
+                .tenants
+                .get(&id)
+                .map(|e| e.live.clone())
+                .unwrap_or_default();
+            let entry = Entry {
+                label: index,
+                series,
+                live,
+                plan: t.plan.as_deref().map(Arc::from),
+            };
+            tenants.insert(id, entry);
         }
+        let mut series: Vec<Option<Arc<TenantMetrics>>> = vec![None; labels.len()];
+        for (i, m) in by_label.into_values() {
+            series[i] = Some(m);
+        }
+        let series: Vec<Arc<TenantMetrics>> = series.into_iter().flatten().collect();
         let pools = config
             .upstreams
             .iter()
@@ -164,10 +222,14 @@ impl Metrics {
             handle: self.handle.clone(),
             epoch: self.epoch,
             per_tenant_labels: self.per_tenant_labels,
+            histograms: self.histograms,
+            top_tenants: self.top_tenants,
             tenants,
             labels,
+            series,
             pools,
             otel: self.otel.clone(),
+            timeline: self.timeline.clone(),
         })
     }
 
@@ -176,13 +238,60 @@ impl Metrics {
         self.otel.as_ref()
     }
 
-    fn second(&self) -> u64 {
+    /// Seconds since the server started (the clock of the rolling window and the timeline).
+    pub fn second(&self) -> u64 {
         self.epoch.elapsed().as_secs()
     }
 
     /// The series of `tenant` (`None`: not configured).
     pub fn tenant(&self, tenant: &TenantId) -> Option<&Arc<TenantMetrics>> {
-        self.tenants.get(tenant).map(|(_, m)| m)
+        self.tenants.get(tenant).map(|e| &e.series)
+    }
+
+    /// The live state (recent waits, refusals) of `tenant` (`None`: not configured).
+    pub fn live(&self, tenant: &TenantId) -> Option<&Arc<TenantLive>> {
+        self.tenants.get(tenant).map(|e| &e.live)
+    }
+
+    /// The plan of `tenant` (`None`: no plan, or not configured).
+    pub fn plan(&self, tenant: &TenantId) -> Option<&str> {
+        self.tenants.get(tenant).and_then(|e| e.plan.as_deref())
+    }
+
+    /// Tokens dispatched for `tenant` in pool `pool` over the rolling window ending at `sec`.
+    pub fn window_served(&self, pool: usize, tenant: &TenantId, sec: u64) -> u64 {
+        self.pools
+            .get(pool)
+            .and_then(|p| p.1.get(tenant))
+            .map_or(0, |c| {
+                c.window.lock().unwrap_or_else(|p| p.into_inner()).sum(sec)
+            })
+    }
+
+    /// The pools' timelines of shares (shared across reloads).
+    pub fn timeline(&self) -> &Timeline {
+        &self.timeline
+    }
+
+    /// Adds a timeline sample of every pool if one is due ([`live::SAMPLE_SECS`]). Called by
+    /// scrapes and by the console's reads.
+    pub fn sample(&self, pools: &[Arc<FairQueue>], admission: &Admission) {
+        let sec = self.second();
+        if !self.timeline.claim(sec) {
+            return;
+        }
+        for (i, pool) in pools.iter().enumerate() {
+            let Some((name, _)) = self.pools.get(i) else {
+                continue;
+            };
+            let snap = pool.snapshot();
+            let served: Vec<(&str, u64)> = snap
+                .iter()
+                .map(|(t, _)| (t.id.as_str(), self.window_served(i, &t.id, sec)))
+                .collect();
+            let throttled = admission.capacity.get(i).map_or(0, |c| c.throttled());
+            self.timeline.push(name, sec, &served, throttled);
+        }
     }
 
     /// Counts tokens dispatched for `tenant` in pool `pool` (share ratio, Jain's index).
@@ -264,7 +373,7 @@ impl Metrics {
             };
             let mut samples = Vec::new();
             for (t, age) in pool.snapshot() {
-                let Some(&(label, _)) = self.tenants.get(&t.id) else {
+                let Some(label) = self.tenants.get(&t.id).map(|e| e.label) else {
                     continue;
                 };
                 queued[label] += t.queued;
@@ -286,19 +395,52 @@ impl Metrics {
             }
             all.extend(samples);
         }
-        for (l, ratio) in fairness::share_ratios(&all, n).into_iter().enumerate() {
-            let label = &self.labels[l];
-            self.gauge("fairgate_queue_depth", "tenant", label.clone())
-                .set(queued[l] as f64);
-            self.gauge("fairgate_inflight", "tenant", label.clone())
-                .set(f64::from(inflight[l]));
-            self.gauge("fairgate_oldest_queued_seconds", "tenant", label.clone())
-                .set(oldest[l]);
-            if let Some(r) = ratio {
-                self.gauge("fairgate_share_ratio", "tenant", label.clone())
-                    .set(r);
-            }
+        // Scrape-time gauges: written as text for the top tenants by backlog, not registered
+        // (a registered series would stay in every later scrape).
+        let ratios = fairness::share_ratios(&all, n);
+        let mut served = vec![0u64; n];
+        for s in &all {
+            served[s.label] += s.served;
         }
+        let mut order: Vec<usize> = (0..n).collect();
+        order.sort_unstable_by(|&a, &b| {
+            (queued[b], inflight[b], served[b])
+                .cmp(&(queued[a], inflight[a], served[a]))
+                .then(a.cmp(&b))
+        });
+        order.truncate(self.top_tenants);
+        let mut gauges = String::new();
+        let mut family = |name: &str, help: &str, value: &dyn Fn(usize) -> Option<f64>| {
+            use std::fmt::Write as _;
+            let _ = writeln!(gauges, "# HELP {name} {help}\n# TYPE {name} gauge");
+            for &l in &order {
+                if let Some(v) = value(l) {
+                    let label = escape(&self.labels[l]);
+                    let _ = writeln!(gauges, "{name}{{tenant=\"{label}\"}} {v}");
+                }
+            }
+            gauges.push('\n');
+        };
+        family(
+            "fairgate_queue_depth",
+            "Requests queued (top tenants by backlog).",
+            &|l| Some(queued[l] as f64),
+        );
+        family(
+            "fairgate_inflight",
+            "Requests in flight (top tenants by backlog).",
+            &|l| Some(f64::from(inflight[l])),
+        );
+        family(
+            "fairgate_oldest_queued_seconds",
+            "Age of the oldest queued request (top tenants by backlog).",
+            &|l| Some(oldest[l]),
+        );
+        family(
+            "fairgate_share_ratio",
+            "Served share / entitled share over the last 30 s (top tenants by backlog).",
+            &|l| ratios[l],
+        );
         for ((name, _), cap) in self.pools.iter().zip(admission.capacity.iter()) {
             let name: SharedString = name.clone().into();
             self.gauge("fairgate_upstream_limit", "upstream", name.clone())
@@ -312,6 +454,29 @@ impl Metrics {
         plain("fairgate_upstream_retries_total").absolute(r.retries.load(Ordering::Relaxed));
         plain("fairgate_upstream_retries_exhausted_total")
             .absolute(r.exhausted.load(Ordering::Relaxed));
-        self.handle.render()
+        self.sample(pools, admission);
+        let mut families = tenant::Families::with_capacity(self.series.len());
+        for s in &self.series {
+            s.write(&mut families);
+        }
+        let registry = self.handle.render();
+        let mut text = String::with_capacity(registry.len() + families.len() + gauges.len());
+        text.push_str(&registry);
+        drop(registry);
+        families.finish(&mut text);
+        text.push_str(&gauges);
+        text
     }
+}
+
+/// `value` escaped for a Prometheus label value.
+fn escape(value: &str) -> std::borrow::Cow<'_, str> {
+    if !value.contains(['\\', '"', '\n']) {
+        return value.into();
+    }
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+        .into()
 }

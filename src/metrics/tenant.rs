@@ -1,17 +1,18 @@
-//! One tenant's (or plan cohort's) request-level series, registered once at startup and recorded
-//! through handles: a status code, reason or model seen for the first time registers its series
-//! once; after that, recording builds no label strings. Status 200 and the tenant's first model
-//! (nearly every request) are recorded without taking the maps' locks, which both connection
-//! workers would otherwise contend for on every request.
+//! One tenant's (or plan cohort's) request-level series: counters as plain atomics written at
+//! scrape time (a status code, reason or model seen for the first time adds its line; recording
+//! builds no label strings), histograms through the registry's handles. Status 200 and the
+//! tenant's first model (nearly every request) are recorded without taking a lock, which both
+//! connection workers would otherwise contend for on every request.
 //!
 //! Labels and logs bounded: a model name is client-chosen, so the `model` label (and the model
 //! in the request log line, through [`TenantMetrics::model_label`]) is cut to [`MAX_LABEL`] bytes
 //! and, past [`MAX_MODELS`] distinct names per tenant, folded into `other`.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use metrics::{Counter, Histogram, Key, Label, Recorder, SharedString};
+use metrics::{Histogram, Key, Label, Recorder, SharedString};
 use metrics_exporter_prometheus::PrometheusRecorder;
 
 use super::META;
@@ -42,31 +43,21 @@ pub enum Outcome {
     Rejected = 2,
 }
 
-/// One tenant's (or cohort's) pre-registered series.
-pub struct TenantMetrics {
-    label: SharedString,
-    recorder: Arc<PrometheusRecorder>,
+/// The histograms of one label (a tenant, or a plan cohort: `[metrics] histograms`), shared
+/// by every tenant counted under it.
+pub struct Histograms {
     queue_wait: [Histogram; 2],
     duration: Histogram,
     ttfb: Histogram,
     error_ratio: Histogram,
-    deadline_misses: Counter,
-    costs: [Counter; 3],
-    statuses: Mutex<crate::domain::FastMap<u16, Counter>>,
-    /// `statuses[200]`, once registered.
-    ok: OnceLock<Counter>,
-    /// The first model seen and its (estimated, actual) counters, also in `models`.
-    first_model: OnceLock<(String, Counter, Counter)>,
-    rejected: Mutex<crate::domain::FastMap<&'static str, Counter>>,
-    unread: Mutex<crate::domain::FastMap<&'static str, Counter>>,
-    models: Mutex<crate::domain::FastMap<String, (Counter, Counter)>>,
 }
 
-impl TenantMetrics {
-    pub(super) fn new(recorder: &Arc<PrometheusRecorder>, label: &str) -> Self {
-        let label: SharedString = label.to_owned().into();
+impl Histograms {
+    /// Registers (or finds again) the histograms labelled `key="value"`.
+    pub(super) fn new(recorder: &PrometheusRecorder, key: &'static str, value: &str) -> Self {
+        let value: SharedString = value.to_owned().into();
         let h = |name: &'static str, extra: Option<(&'static str, &'static str)>| {
-            let mut labels = vec![Label::new("tenant", label.clone())];
+            let mut labels = vec![Label::new(key, value.clone())];
             if let Some((k, v)) = extra {
                 labels.push(Label::new(k, v));
             }
@@ -83,160 +74,353 @@ impl TenantMetrics {
             duration: h("fairgate_request_duration_seconds", None),
             ttfb: h("fairgate_time_to_first_byte_seconds", None),
             error_ratio: h("fairgate_estimate_error_ratio", None),
-            deadline_misses: recorder.register_counter(
-                &Key::from_parts(
-                    "fairgate_deadline_misses_total",
-                    vec![Label::new("tenant", label.clone())],
-                ),
-                &META,
+        }
+    }
+}
+
+/// One tenant's (or cohort's) series: counters kept as plain atomics and written by
+/// [`TenantMetrics::write`] at scrape time — only those counted at least once, so a tenant that
+/// sent one successful request has ~4 lines — and the histograms of its histogram label.
+///
+/// Not in the registry on purpose: 10,000 tenants × a few counters as registry series cost a
+/// `Key` with owned labels each and a render that groups and sorts every series into temporary
+/// maps on each scrape (BENCHMARKS.md, "Observability at 10,000 tenants").
+pub struct TenantMetrics {
+    label: SharedString,
+    histograms: Arc<Histograms>,
+    /// Status 200 (nearly every request): lock-free.
+    ok: AtomicU64,
+    statuses: Mutex<Vec<(u16, u64)>>,
+    costs: [AtomicU64; 3],
+    deadline_misses: AtomicU64,
+    rejected: Mutex<Vec<(&'static str, u64)>>,
+    unread: Mutex<Vec<(&'static str, u64)>>,
+    /// The first model seen and its (estimated, actual) counts: lock-free.
+    first_model: OnceLock<(String, AtomicU64, AtomicU64)>,
+    /// The other models (at most [`MAX_MODELS`] in all, then `other`).
+    models: Mutex<Vec<(String, u64, u64)>>,
+}
+
+/// The per-tenant counter families, each written contiguously (Prometheus text format).
+#[derive(Default)]
+pub(super) struct Families {
+    requests: String,
+    estimated: String,
+    actual: String,
+    costs: String,
+    deadline: String,
+    rejected: String,
+    unread: String,
+}
+
+impl Families {
+    /// Families sized for `labels` labels with one line each in the common families, so that a
+    /// scrape allocates each once instead of through a chain of doublings.
+    pub(super) fn with_capacity(labels: usize) -> Self {
+        let line = |name: &str| labels * (name.len() + 48);
+        Self {
+            requests: String::with_capacity(line("fairgate_requests_total")),
+            estimated: String::with_capacity(line("fairgate_tokens_estimated_total")),
+            actual: String::with_capacity(line("fairgate_tokens_actual_total")),
+            costs: String::with_capacity(line("fairgate_cost_tokens_total")),
+            ..Self::default()
+        }
+    }
+
+    /// Bytes written so far.
+    pub(super) fn len(&self) -> usize {
+        [
+            &self.requests,
+            &self.estimated,
+            &self.actual,
+            &self.costs,
+            &self.deadline,
+            &self.rejected,
+            &self.unread,
+        ]
+        .iter()
+        .map(|s| s.len() + 200)
+        .sum()
+    }
+
+    /// Appends every family, with its `# TYPE` line, to `out`.
+    pub(super) fn finish(self, out: &mut String) {
+        for (name, help, body) in [
+            (
+                "fairgate_requests_total",
+                "Answered requests by status.",
+                self.requests,
             ),
-            costs: ["admitted", "deferred", "rejected"].map(|outcome| {
-                let labels = vec![
-                    Label::new("tenant", label.clone()),
-                    Label::new("outcome", outcome),
-                ];
-                recorder.register_counter(
-                    &Key::from_parts("fairgate_cost_tokens_total", labels),
-                    &META,
-                )
-            }),
-            label,
-            recorder: recorder.clone(),
+            (
+                "fairgate_tokens_estimated_total",
+                "Estimated tokens by model.",
+                self.estimated,
+            ),
+            (
+                "fairgate_tokens_actual_total",
+                "Actual tokens by model.",
+                self.actual,
+            ),
+            (
+                "fairgate_cost_tokens_total",
+                "Estimated tokens admitted, deferred (>= 1 ms queued) or rejected.",
+                self.costs,
+            ),
+            (
+                "fairgate_deadline_misses_total",
+                "Requests refused for their deadline.",
+                self.deadline,
+            ),
+            (
+                "fairgate_rejected_total",
+                "Refusals by reason.",
+                self.rejected,
+            ),
+            (
+                "fairgate_usage_unread_total",
+                "2xx bodies charged by the fallback, by reason.",
+                self.unread,
+            ),
+        ] {
+            if body.is_empty() {
+                continue;
+            }
+            out.push_str("# HELP ");
+            out.push_str(name);
+            out.push(' ');
+            out.push_str(help);
+            out.push_str("\n# TYPE ");
+            out.push_str(name);
+            out.push_str(" counter\n");
+            out.push_str(&body);
+            out.push('\n');
+        }
+    }
+}
+
+/// Writes `name{tenant="label",key="value"} n` (or without the second label).
+fn line(out: &mut String, name: &str, tenant: &str, extra: Option<(&str, &str)>, n: u64) {
+    out.push_str(name);
+    out.push_str("{tenant=\"");
+    out.push_str(&super::escape(tenant));
+    if let Some((k, v)) = extra {
+        out.push_str("\",");
+        out.push_str(k);
+        out.push_str("=\"");
+        out.push_str(&super::escape(v));
+    }
+    out.push_str("\"} ");
+    out.push_str(itoa::Buffer::new().format(n));
+    out.push('\n');
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn bump<K: PartialEq + Copy>(v: &mut Vec<(K, u64)>, k: K, n: u64) {
+    match v.iter_mut().find(|(x, _)| *x == k) {
+        Some((_, c)) => *c += n,
+        None => v.push((k, n)),
+    }
+}
+
+impl TenantMetrics {
+    pub(super) fn new(label: &str, histograms: Arc<Histograms>) -> Self {
+        Self {
+            label: label.to_owned().into(),
+            histograms,
+            ok: AtomicU64::new(0),
             statuses: Mutex::default(),
-            ok: OnceLock::new(),
-            first_model: OnceLock::new(),
+            costs: Default::default(),
+            deadline_misses: AtomicU64::new(0),
             rejected: Mutex::default(),
             unread: Mutex::default(),
+            first_model: OnceLock::new(),
             models: Mutex::default(),
         }
     }
 
-    fn counter(&self, name: &'static str, key: &'static str, value: SharedString) -> Counter {
-        let labels = vec![
-            Label::new("tenant", self.label.clone()),
-            Label::new(key, value),
-        ];
-        self.recorder
-            .register_counter(&Key::from_parts(name, labels), &META)
+    /// Writes this label's counters (those counted at least once) into `f`.
+    pub(super) fn write(&self, f: &mut Families) {
+        let t: &str = &self.label;
+        let ok = self.ok.load(Ordering::Relaxed);
+        if ok > 0 {
+            line(
+                &mut f.requests,
+                "fairgate_requests_total",
+                t,
+                Some(("status", "200")),
+                ok,
+            );
+        }
+        for (status, n) in lock(&self.statuses).iter() {
+            let status = itoa::Buffer::new().format(*status).to_owned();
+            line(
+                &mut f.requests,
+                "fairgate_requests_total",
+                t,
+                Some(("status", &status)),
+                *n,
+            );
+        }
+        let mut model = |m: &str, e: u64, a: u64| {
+            line(
+                &mut f.estimated,
+                "fairgate_tokens_estimated_total",
+                t,
+                Some(("model", m)),
+                e,
+            );
+            line(
+                &mut f.actual,
+                "fairgate_tokens_actual_total",
+                t,
+                Some(("model", m)),
+                a,
+            );
+        };
+        if let Some((m, e, a)) = self.first_model.get() {
+            model(m, e.load(Ordering::Relaxed), a.load(Ordering::Relaxed));
+        }
+        for (m, e, a) in lock(&self.models).iter() {
+            model(m, *e, *a);
+        }
+        for (i, outcome) in ["admitted", "deferred", "rejected"].into_iter().enumerate() {
+            let n = self.costs[i].load(Ordering::Relaxed);
+            if n > 0 {
+                line(
+                    &mut f.costs,
+                    "fairgate_cost_tokens_total",
+                    t,
+                    Some(("outcome", outcome)),
+                    n,
+                );
+            }
+        }
+        let misses = self.deadline_misses.load(Ordering::Relaxed);
+        if misses > 0 {
+            line(
+                &mut f.deadline,
+                "fairgate_deadline_misses_total",
+                t,
+                None,
+                misses,
+            );
+        }
+        for (reason, n) in lock(&self.rejected).iter() {
+            line(
+                &mut f.rejected,
+                "fairgate_rejected_total",
+                t,
+                Some(("reason", reason)),
+                *n,
+            );
+        }
+        for (reason, n) in lock(&self.unread).iter() {
+            line(
+                &mut f.unread,
+                "fairgate_usage_unread_total",
+                t,
+                Some(("reason", reason)),
+                *n,
+            );
+        }
     }
 
     /// Counts one answered request by status.
     pub fn request(&self, status: u16) {
-        if let Some(ok) = self.ok.get().filter(|_| status == 200) {
-            ok.increment(1);
-            return;
-        }
-        let mut map = self.statuses.lock().unwrap_or_else(|p| p.into_inner());
-        let counter = map.entry(status).or_insert_with(|| {
-            self.counter(
-                "fairgate_requests_total",
-                "status",
-                status.to_string().into(),
-            )
-        });
-        counter.increment(1);
         if status == 200 {
-            let _ = self.ok.set(counter.clone());
+            self.ok.fetch_add(1, Ordering::Relaxed);
+        } else {
+            bump(&mut lock(&self.statuses), status, 1);
         }
     }
 
     /// Counts estimated tokens by what became of them.
     pub fn cost(&self, outcome: Outcome, tokens: u64) {
-        self.costs[outcome as usize].increment(tokens);
+        self.costs[outcome as usize].fetch_add(tokens, Ordering::Relaxed);
     }
 
     /// Counts one 2xx body whose usage could not be read, by reason
     /// (`fairgate_usage_unread_total`).
     pub fn usage_unread(&self, reason: &'static str) {
-        let mut map = self.unread.lock().unwrap_or_else(|p| p.into_inner());
-        map.entry(reason)
-            .or_insert_with(|| self.counter("fairgate_usage_unread_total", "reason", reason.into()))
-            .increment(1);
+        bump(&mut lock(&self.unread), reason, 1);
     }
 
     /// Counts one refusal by reason.
     pub fn rejected(&self, reason: &'static str) {
         if matches!(reason, "deadline_exceeded" | "deadline_infeasible") {
-            self.deadline_misses.increment(1);
+            self.deadline_misses.fetch_add(1, Ordering::Relaxed);
         }
-        let mut map = self.rejected.lock().unwrap_or_else(|p| p.into_inner());
-        map.entry(reason)
-            .or_insert_with(|| self.counter("fairgate_rejected_total", "reason", reason.into()))
-            .increment(1);
+        bump(&mut lock(&self.rejected), reason, 1);
     }
 
     /// Records the time a request spent queued.
     pub fn queue_wait(&self, class: Class, waited: Duration) {
         let i = usize::from(class == Class::Batch);
-        self.queue_wait[i].record(waited.as_secs_f64());
+        self.histograms.queue_wait[i].record(waited.as_secs_f64());
     }
 
     /// Records a finished request's timings.
     pub fn timings(&self, total: Duration, ttfb: Option<Duration>) {
-        self.duration.record(total.as_secs_f64());
+        self.histograms.duration.record(total.as_secs_f64());
         if let Some(t) = ttfb {
-            self.ttfb.record(t.as_secs_f64());
+            self.histograms.ttfb.record(t.as_secs_f64());
         }
     }
 
     /// Counts a request's estimated and (when known) actual tokens for `model`.
     pub fn tokens(&self, model: &str, estimated: u64, actual: Option<u64>) {
-        if let Some((_, e, a)) = self.first_model.get().filter(|(m, ..)| m == model) {
-            return self.add_tokens(e, a, estimated, actual);
+        if let Some(actual) = actual {
+            self.histograms
+                .error_ratio
+                .record(actual as f64 / estimated.max(1) as f64);
         }
-        let (_, e, a) = self.model_series(model);
-        self.add_tokens(&e, &a, estimated, actual);
+        let first = self
+            .first_model
+            .get_or_init(|| (cut(model).to_owned(), AtomicU64::new(0), AtomicU64::new(0)));
+        if first.0 == cut(model) {
+            first.1.fetch_add(estimated, Ordering::Relaxed);
+            first.2.fetch_add(actual.unwrap_or(0), Ordering::Relaxed);
+            return;
+        }
+        let mut models = lock(&self.models);
+        let i = self.model_index(&mut models, model);
+        models[i].1 += estimated;
+        models[i].2 += actual.unwrap_or(0);
+    }
+
+    /// The index in `models` of `model`'s series (registered now if new).
+    fn model_index(&self, models: &mut Vec<(String, u64, u64)>, model: &str) -> usize {
+        let model = cut(model);
+        if let Some(i) = models.iter().position(|(m, ..)| m == model) {
+            return i;
+        }
+        // The first model counts towards MAX_MODELS; `other` does not.
+        let named = 1 + models.iter().filter(|(m, ..)| m != "other").count();
+        let name = if named < MAX_MODELS { model } else { "other" };
+        match models.iter().position(|(m, ..)| m == name) {
+            Some(i) => i,
+            None => {
+                models.push((name.to_owned(), 0, 0));
+                models.len() - 1
+            }
+        }
     }
 
     /// The name `model` is shown under, in its label and in the request log line: cut to
     /// [`MAX_LABEL`] bytes, or `other` once the tenant has [`MAX_MODELS`] others (registers it).
     pub fn model_label(&self, model: &str) -> String {
-        match self.first_model.get().filter(|(m, ..)| m == model) {
-            Some((m, ..)) => m.clone(),
-            None => self.model_series(model).0,
+        let first = self
+            .first_model
+            .get_or_init(|| (cut(model).to_owned(), AtomicU64::new(0), AtomicU64::new(0)));
+        if first.0 == cut(model) {
+            return first.0.clone();
         }
-    }
-
-    /// The label and (estimated, actual) counters `model` is counted under, registered once.
-    fn model_series(&self, model: &str) -> (String, Counter, Counter) {
-        let model = cut(model);
-        let mut map = self.models.lock().unwrap_or_else(|p| p.into_inner());
-        let model = if map.contains_key(model) || map.len() < MAX_MODELS {
-            model
-        } else {
-            "other"
-        };
-        if !map.contains_key(model) {
-            let pair = |name| {
-                let labels = vec![
-                    Label::new("tenant", self.label.clone()),
-                    Label::new("model", model.to_owned()),
-                ];
-                self.recorder
-                    .register_counter(&Key::from_parts(name, labels), &META)
-            };
-            let v = (
-                pair("fairgate_tokens_estimated_total"),
-                pair("fairgate_tokens_actual_total"),
-            );
-            if map.is_empty() {
-                let _ = self
-                    .first_model
-                    .set((model.to_owned(), v.0.clone(), v.1.clone()));
-            }
-            map.insert(model.to_owned(), v);
-        }
-        let (e, a) = &map[model];
-        (model.to_owned(), e.clone(), a.clone())
-    }
-
-    fn add_tokens(&self, e: &Counter, a: &Counter, estimated: u64, actual: Option<u64>) {
-        e.increment(estimated);
-        if let Some(actual) = actual {
-            a.increment(actual);
-            self.error_ratio
-                .record(actual as f64 / estimated.max(1) as f64);
-        }
+        let mut models = lock(&self.models);
+        let i = self.model_index(&mut models, model);
+        models[i].0.clone()
     }
 }
 
@@ -245,6 +429,14 @@ mod tests {
     use super::*;
     use metrics_exporter_prometheus::PrometheusBuilder;
 
+    fn render(t: &TenantMetrics) -> String {
+        let mut f = Families::default();
+        t.write(&mut f);
+        let mut out = String::new();
+        f.finish(&mut out);
+        out
+    }
+
     fn line<'a>(text: &'a str, prefix: &str) -> Option<&'a str> {
         text.lines().find(|l| l.starts_with(prefix))
     }
@@ -252,7 +444,7 @@ mod tests {
     #[test]
     fn lock_free_paths_count_like_the_maps() {
         let recorder = Arc::new(PrometheusBuilder::new().build_recorder());
-        let t = TenantMetrics::new(&recorder, "t");
+        let t = TenantMetrics::new("t", Arc::new(Histograms::new(&recorder, "tenant", "t")));
         for status in [200, 200, 404, 200] {
             t.request(status);
         }
@@ -260,7 +452,7 @@ mod tests {
         t.tokens("m1", 5, None);
         t.tokens("m2", 7, Some(1));
         t.tokens("m1", 1, Some(2));
-        let text = recorder.handle().render();
+        let text = render(&t);
         let value = |prefix: &str| {
             line(&text, prefix)
                 .unwrap_or_else(|| panic!("no {prefix} in\n{text}"))
@@ -288,7 +480,7 @@ mod tests {
     #[test]
     fn client_chosen_model_names_are_cut_and_folded_into_other() {
         let recorder = Arc::new(PrometheusBuilder::new().build_recorder());
-        let t = TenantMetrics::new(&recorder, "t");
+        let t = TenantMetrics::new("t", Arc::new(Histograms::new(&recorder, "tenant", "t")));
         let long = format!("{}é", "m".repeat(MAX_LABEL - 1));
         assert_eq!(
             t.model_label(&long),
@@ -304,7 +496,7 @@ mod tests {
                 assert_eq!(label, "other");
             }
         }
-        let text = recorder.handle().render();
+        let text = render(&t);
         let series = text
             .lines()
             .filter(|l| l.starts_with("fairgate_tokens_estimated_total{"))

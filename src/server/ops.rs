@@ -43,6 +43,8 @@ pub(super) fn admin(state: &State) -> admin::Layer {
         pools: state.pools.clone(),
         estimator: state.estimator.clone(),
         metrics: state.metrics.clone(),
+        admission: state.admission.clone(),
+        cluster: state.cluster.as_ref().map(|c| c.link.clone()),
         reload: state.reloader.clone(),
     }
 }

@@ -1,5 +1,9 @@
 //! The admin API, answered before tenant authentication and protected by its own bearer token
 //! (read at startup from the env var named by `[admin] token_env`):
+//! `GET /admin/ui` — the live fairness console ([`ui`]: one self-contained page, the only
+//! admin path served without the token: it holds no data and reads everything from
+//! `/admin/state` with the token the user gives it);
+//! `GET /admin/state` — the console's compact live view ([`state`]: bounded payload);
 //! `GET /admin/tenants` — live per-tenant state of every pool (queued, in flight, credit,
 //! weight, served share vs entitled share, estimate error); `POST /admin/reload` — re-reads the
 //! config file and applies it live (200 with what changed; 400 in OpenAI's error shape naming
@@ -9,12 +13,16 @@
 //! a missing or wrong token is 401 and reveals nothing; the token is compared in constant time
 //! and never logged.
 
+pub mod state;
+pub mod ui;
+
 use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 
 use futures_util::future::{ready, BoxFuture, Either, Ready};
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 
+use crate::admission::Admission;
 use crate::config::ConfigError;
 use crate::domain::TenantId;
 use crate::error::{ApiError, Error};
@@ -110,8 +118,12 @@ pub struct Layer {
     pub pools: Arc<[Arc<FairQueue>]>,
     /// Estimate-error statistics.
     pub estimator: Arc<Estimator>,
-    /// Served tokens per pool and tenant.
+    /// Served tokens per pool and tenant, recent waits and refusals, the timeline.
     pub metrics: Arc<Metrics>,
+    /// Configured and learned capacity, upstream 429s per pool.
+    pub admission: Arc<Admission>,
+    /// The cluster link (degraded state), in cluster mode.
+    pub cluster: Option<Arc<crate::cluster::Link>>,
     /// The reload hook (`None`, or gone: the server cannot reload, 409).
     pub reload: Option<Weak<dyn Reload>>,
 }
@@ -232,14 +244,28 @@ where
         let a = &self.admin;
         let res = match &a.token {
             None => Err(OpsError::NotFound.into()),
+            // The page itself: static, no data (see the module's docs).
+            Some(_) if path == "/admin/ui" => match *req.method() {
+                Method::GET | Method::HEAD => Ok(ui::page()),
+                _ => Err(OpsError::MethodNotAllowed.into()),
+            },
             Some(t) if !a.authorized(t, &req) => Err(OpsError::Unauthorized.into()),
             Some(_) => match (req.method(), path) {
                 (&Method::GET, "/admin/tenants") => Ok(json(&a.tenants())),
+                (&Method::GET, "/admin/state") => {
+                    let query = state::Query::parse(req.uri().query());
+                    let mut res = json(&a.state(&query));
+                    res.headers_mut()
+                        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+                    Ok(res)
+                }
                 (&Method::POST, "/admin/reload") => {
                     let hook = a.reload.as_ref().and_then(Weak::upgrade);
                     return Either::Left(Either::Right(Box::pin(reload(hook))));
                 }
-                (_, "/admin/tenants" | "/admin/reload") => Err(OpsError::MethodNotAllowed.into()),
+                (_, "/admin/tenants" | "/admin/reload" | "/admin/state") => {
+                    Err(OpsError::MethodNotAllowed.into())
+                }
                 _ => Err(OpsError::NotFound.into()),
             },
         };
