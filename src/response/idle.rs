@@ -1,7 +1,12 @@
-//! A body wrapper that fails the stream when no frame arrives within the idle timeout.
+//! A body wrapper that fails the stream when no frame arrives within a gap: the upstream's
+//! `idle_timeout_ms` (clock from creation, [`IdleTimeoutError`]) and the request body's
+//! `client_body_timeout_ms` (clock from the first poll, see `body::timeout`) are both this one
+//! mechanism.
 //!
-//! Invariants: the timer restarts on every frame; after the timeout fires the stream yields one
-//! error and then ends; the inner body is polled only when this body is polled (backpressure).
+//! Invariants: the gap is measured from the last frame (a body that keeps arriving is never
+//! cut); one timer per body at most, armed only while the body is pending and re-armed only
+//! when it fires (a frame costs a clock read, not a timer update); after the error the stream
+//! ends; the inner body is polled only when this body is polled (backpressure).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -23,9 +28,11 @@ pin_project_lite::pin_project! {
     pub struct IdleTimeout<B> {
         #[pin]
         body: B,
-        #[pin]
-        sleep: Sleep,
         timeout: Duration,
+        // The last frame (or the start); `None` until the first poll.
+        last: Option<Instant>,
+        sleep: Option<Pin<Box<Sleep>>>,
+        error: fn(Duration) -> BoxError,
         done: bool,
     }
 }
@@ -33,10 +40,20 @@ pin_project_lite::pin_project! {
 impl<B> IdleTimeout<B> {
     /// Wraps `body`; the first frame must arrive within `timeout` from now.
     pub fn new(body: B, timeout: Duration) -> Self {
+        let mut t = Self::from_first_poll(body, timeout, |d| Box::new(IdleTimeoutError(d)));
+        t.last = Some(Instant::now());
+        t
+    }
+
+    /// Wraps `body`; the clock starts at its first poll (a body nobody reads costs no timer),
+    /// and a gap of `timeout` fails the stream with `error(timeout)`.
+    pub fn from_first_poll(body: B, timeout: Duration, error: fn(Duration) -> BoxError) -> Self {
         Self {
             body,
-            sleep: tokio::time::sleep(timeout),
             timeout,
+            last: None,
+            sleep: None,
+            error,
             done: false,
         }
     }
@@ -54,31 +71,43 @@ where
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<B::Data>, BoxError>>> {
-        let mut this = self.project();
+        let this = self.project();
         if *this.done {
             return Poll::Ready(None);
         }
+        let last = *this.last.get_or_insert_with(Instant::now);
         match this.body.poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
-                this.sleep.as_mut().reset(Instant::now() + *this.timeout);
-                Poll::Ready(Some(Ok(frame)))
+                *this.last = Some(Instant::now());
+                return Poll::Ready(Some(Ok(frame)));
             }
             Poll::Ready(Some(Err(e))) => {
                 *this.done = true;
-                Poll::Ready(Some(Err(e.into())))
+                *this.sleep = None;
+                return Poll::Ready(Some(Err(e.into())));
             }
             Poll::Ready(None) => {
                 *this.done = true;
-                Poll::Ready(None)
+                *this.sleep = None;
+                return Poll::Ready(None);
             }
-            Poll::Pending => match this.sleep.poll(cx) {
-                Poll::Ready(()) => {
-                    *this.done = true;
-                    Poll::Ready(Some(Err(Box::new(IdleTimeoutError(*this.timeout)))))
-                }
-                Poll::Pending => Poll::Pending,
-            },
+            Poll::Pending => {}
         }
+        // The timer may be armed at an earlier deadline (frames arrived since): when it fires
+        // early it is moved to the current one, and only then.
+        let deadline = last + *this.timeout;
+        let sleep = this
+            .sleep
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+        while sleep.as_mut().poll(cx).is_ready() {
+            if Instant::now() >= deadline {
+                *this.done = true;
+                *this.sleep = None;
+                return Poll::Ready(Some(Err((this.error)(*this.timeout))));
+            }
+            sleep.as_mut().reset(deadline);
+        }
+        Poll::Pending
     }
 
     fn is_end_stream(&self) -> bool {

@@ -203,7 +203,7 @@ impl hyper::service::Service<Request<Incoming>> for LiveService {
         };
         let (head, body) = req.into_parts();
         let head = Request::from_parts(head, ());
-        let body = Linger::new(TimedBody::new(body, timeout), bounds, &head);
+        let body = Linger::new(crate::body::timeout::timed(body, timeout), bounds, &head);
         let mut req = Some(head.map(|()| body));
         let in_place = CACHED.with(|cell| {
             let mut cell = cell.try_borrow_mut().ok()?;
