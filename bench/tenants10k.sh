@@ -76,4 +76,6 @@ done
 curl -s -o /dev/null -H 'authorization: Bearer bench' \
   -w 'read /admin/state?top=50&q=t0999: %{time_total} s, %{size_download} bytes\n' \
   "http://127.0.0.1:$FPORT/admin/state?top=50&q=t0999"
-echo "tenants: $N; VmRSS before the load $BEFORE MiB; right after the load $AFTER MiB; after ${SCRAPES:-5} scrapes $SCRAPED MiB; after the /admin/state reads $(rss) MiB"
+READ=$(rss)
+sleep 3
+echo "tenants: $N; VmRSS before the load $BEFORE MiB; right after the load $AFTER MiB; after ${SCRAPES:-5} scrapes $SCRAPED MiB; after the /admin/state reads $READ MiB; 3 s later $(rss) MiB"

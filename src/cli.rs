@@ -44,6 +44,8 @@ pub fn serve(path: &Path) -> ExitCode {
         }
     };
     let _flush_on_exit = init_tracing(config.log.format);
+    // The parse's garbage (~30 MiB at 10,000 tenants) goes back now, not at the first burst.
+    crate::memory::release_now();
     block_on(crate::server::run(config, Some(path.to_owned())))
 }
 
@@ -67,7 +69,8 @@ pub fn init_tracing(format: crate::config::LogFormat) -> Option<crate::log::Flus
     installed.ok().map(|()| guard)
 }
 
-/// Runs `fut` on a fresh multi-thread runtime; an error is printed and exits 1.
+/// Runs `fut` on a fresh multi-thread runtime, beside the task that hands freed memory back
+/// ([`crate::memory::collect_every`]); an error is printed and exits 1.
 pub fn block_on<E: std::fmt::Display>(
     fut: impl std::future::Future<Output = Result<(), E>>,
 ) -> ExitCode {
@@ -75,7 +78,10 @@ pub fn block_on<E: std::fmt::Display>(
         .enable_all()
         .build()
         .map_err(|e| e.to_string())
-        .and_then(|rt| rt.block_on(fut).map_err(|e| e.to_string()));
+        .and_then(|rt| {
+            rt.spawn(crate::memory::collect_every(crate::memory::EVERY));
+            rt.block_on(fut).map_err(|e| e.to_string())
+        });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -8,7 +8,8 @@
 //! fail with their own [`error`] types. `server` assembles them into one tower stack;
 //! ARCHITECTURE.md says which module may import which. `mock` is the bundled
 //! OpenAI-compatible test upstream; `sim` drives the same scheduler on a virtual clock.
-// `deny`, not `forbid`: `scheduler::prefetch` allows one cache-prefetch intrinsic.
+// `deny`, not `forbid`: `scheduler::prefetch` allows one cache-prefetch intrinsic and `memory`
+// two calls into the allocator.
 #![deny(unsafe_code)]
 
 pub mod admin;
@@ -27,6 +28,7 @@ pub mod feedback;
 pub mod health;
 pub mod jobs;
 pub mod log;
+pub mod memory;
 pub mod metrics;
 pub mod mock;
 pub mod otel;

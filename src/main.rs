@@ -59,6 +59,7 @@ fn parse_policy(s: &str) -> Result<fairgate::scheduler::Policy, String> {
 }
 
 fn main() -> ExitCode {
+    fairgate::memory::configure();
     let cli = Cli::parse();
     match cli.command {
         Command::Serve { config } => fairgate::cli::serve(&config),
