@@ -158,6 +158,20 @@ async fn the_page_is_served_without_the_token_and_the_state_only_with_it() {
     assert!(seen, "the flood's queue never showed in /admin/state");
 }
 
+/// The timeline fills while nobody reads: opened after a while, the console shows the last
+/// minutes, not one sample taken by the first read. Two sample periods pass unread; the first
+/// read then sees more than the one sample it would take itself.
+#[tokio::test]
+async fn the_timeline_is_sampled_while_nobody_reads() {
+    let (_mock, proxy, token) = start().await;
+    tokio::time::sleep(Duration::from_secs(2 * fairgate::metrics::SAMPLE_SECS + 1)).await;
+    let v = get(proxy.addr, "/admin/state?timeline=1", Some(&token))
+        .await
+        .json();
+    let samples = v["pools"][0]["timeline"].as_array().unwrap().len();
+    assert!(samples >= 2, "{samples} sample(s): sampled only when read");
+}
+
 #[tokio::test]
 async fn the_page_is_served_only_while_the_admin_api_is_on() {
     let mock = mock().await;

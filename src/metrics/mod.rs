@@ -31,6 +31,7 @@ use metrics_exporter_prometheus::{
 
 pub use fairness::WINDOW_SECS;
 pub use layer::{Layer, Service};
+pub use live::SAMPLE_SECS;
 pub use scrape::{Scrape, ScrapeService};
 pub use tenant::{Outcome, TenantMetrics};
 
@@ -274,7 +275,7 @@ impl Metrics {
     }
 
     /// Adds a timeline sample of every pool if one is due ([`live::SAMPLE_SECS`]). Called by
-    /// scrapes and by the console's reads.
+    /// the server's sampler task, scrapes and the console's reads.
     pub fn sample(&self, pools: &[Arc<FairQueue>], admission: &Admission) {
         let sec = self.second();
         if !self.timeline.claim(sec) {

@@ -411,6 +411,25 @@ async fn start_with(
     start_on(config, path, workers::share(listener, n)?, env).await
 }
 
+/// Samples every pool's timeline of shares each [`crate::metrics::SAMPLE_SECS`] until `stop`,
+/// so the console shows the last minutes when it is opened, not only while someone reads.
+async fn sample_timeline(live: Arc<Live>, mut stop: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(crate::metrics::SAMPLE_SECS));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.changed() => return,
+        }
+        if *stop.borrow() {
+            return;
+        }
+        let generation = live.current();
+        let state = &generation.state;
+        state.metrics.sample(&state.pools, &state.admission);
+    }
+}
+
 /// Starts the server on `listeners` (one per connection worker, all on one address).
 async fn start_on(
     config: Config,
@@ -452,6 +471,7 @@ async fn start_on(
     if let Some(otel) = state.metrics.otel() {
         tokio::spawn(otel.clone().run(stop.subscribe()));
     }
+    tokio::spawn(sample_timeline(live.clone(), stop.subscribe()));
     if let Some(jobs) = state.jobs.clone() {
         tokio::spawn(crate::jobs::runner::run(
             jobs,
