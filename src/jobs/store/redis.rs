@@ -5,8 +5,9 @@
 //! (a counter) and a lease expiring at Redis time + `[jobs] lease_ms`; the claiming runner
 //! renews its leases every `lease_ms / 3`; any replica's runner queues again the jobs whose
 //! lease expired (their replica died, stalled, or lost Redis). An answer is recorded only
-//! while the job is running under the token it was claimed with: a late completion from a
-//! replica whose lease expired is discarded (and counted), never recorded twice.
+//! while the job is running under the token it was claimed with and that claim's lease has
+//! not expired: a late completion from a replica whose lease expired is discarded (and
+//! counted, `fairgate_jobs_late_total`), never recorded twice.
 //!
 //! Invariants: every multi-key update is one Lua script ([`scripts`]), using Redis `TIME` for
 //! leases (never a replica's clock); the per-tenant counters behind

@@ -215,8 +215,9 @@ return 1
     )
 });
 
-/// ARGV: id, token, status, state, resp_type, body, now → 1 recorded, 0 discarded (the job is
-/// not running under `token`: its lease expired and it was reclaimed, or it already finished).
+/// ARGV: id, token, status, state, resp_type, body, now → 1 recorded, 0 discarded: the job is
+/// not running under `token` (it was reclaimed and claimed again, or it already finished), or
+/// its lease expired (Redis time) even if no replica reclaimed it yet.
 pub static FINISH: LazyLock<Script> = LazyLock::new(|| {
     script(
         r"
@@ -224,6 +225,8 @@ local id = ARGV[1]
 local j = K..':j:'..id
 local h = redis.call('HMGET', j, 'state', 'token', 'tenant', 'batch')
 if h[1] ~= 'running' or h[2] ~= ARGV[2] then return 0 end
+local lease = redis.call('ZSCORE', K..':run', id)
+if not lease or tonumber(lease) <= nowms() then return 0 end
 redis.call('ZREM', K..':run', id)
 redis.call('HSET', j, 'state', ARGV[4], 'status', ARGV[3], 'resp_type', ARGV[5],
   'response', ARGV[6], 'finished', ARGV[7])

@@ -107,6 +107,10 @@ async fn a_late_completion_under_an_expired_lease_is_not_recorded() {
     let first = s.claim("a", 5).await.unwrap();
     assert_eq!(first.len(), 1);
     let t1 = first[0].token;
+    assert!(
+        !s.finish("j1", t1, 200, None, b"late").await.unwrap(),
+        "a lease that expired refuses the answer, reclaimed or not"
+    );
     assert_eq!(
         s.reclaim().await.unwrap(),
         1,
