@@ -4,7 +4,7 @@
 //! (b) any replica answers any job: an async job created through replica A is answered (status,
 //! then the stored answer) by replica B, and not to another tenant; a batch submitted through
 //! A completes with every `custom_id` exactly once in the output file read through B, no line
-//! sent twice. (c) cluster reclaim: replica A claims every line of a batch, its upstream is
+//! sent twice although each answer takes longer than a lease (renewal holds the claims). (c) cluster reclaim: replica A claims every line of a batch, its upstream is
 //! slow, A is stopped mid-batch; replica B queues the lines again once A's leases (`lease_ms`
 //! = 500) expire and completes the batch, each `custom_id` once, every line recorded from B's
 //! answer: A's answers, which arrive while B runs the same lines, are discarded as late.
@@ -132,9 +132,15 @@ fn want(n: usize) -> Vec<String> {
 async fn any_replica_answers_any_job_and_a_batch_completes_once_across_replicas() {
     const LINES: usize = 12;
     let Some(redis) = Redis::start() else { return };
-    let mock = mock().await;
-    let a = proxy(&replica(&redis, &mock.base_url(), "a", 30_000)).await;
-    let b = proxy(&replica(&redis, &mock.base_url(), "b", 30_000)).await;
+    // Each answer takes longer than a lease: only renewal keeps the other replica from
+    // running a line a second time.
+    let mock = mock_with(MockConfig {
+        base_latency: Duration::from_millis(1200),
+        ..MockConfig::default()
+    })
+    .await;
+    let a = proxy(&replica(&redis, &mock.base_url(), "a", 500)).await;
+    let b = proxy(&replica(&redis, &mock.base_url(), "b", 500)).await;
 
     // One async job: created through A, answered by B.
     let r = send(post(
