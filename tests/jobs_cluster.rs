@@ -182,6 +182,10 @@ async fn any_replica_answers_any_job_and_a_batch_completes_once_across_replicas(
         1 + LINES as u64,
         "no line sent twice"
     );
+    println!(
+        "across replicas: 1 job + {LINES} lines, each answer 1.2 s > lease 0.5 s; {} sent",
+        mock.stats.requests()
+    );
     let listed = send(get(a.addr, "/v1/batches", KEY_A)).await.json();
     assert_eq!(listed["data"][0]["status"], "completed", "A sees B's view");
 }
@@ -244,5 +248,12 @@ async fn lines_of_a_stopped_replica_are_reclaimed_after_the_lease_and_run_once_e
         slow.stats.completed(),
         LINES as u64,
         "A's answers did come back"
+    );
+    println!(
+        "cluster reclaim: {LINES} lines; A sent {} (answered {}, discarded as late), B sent {} \
+         and recorded {LINES}",
+        slow.stats.requests(),
+        slow.stats.completed(),
+        slower.stats.requests()
     );
 }
