@@ -35,8 +35,11 @@ use super::{now, state, Claimed, Counts, File, Job, Line, NewJob, Result, StoreE
 /// Reclaimed jobs per call (a dead replica's claims come back over a few ticks).
 const RECLAIM_BATCH: usize = 1000;
 
-/// Retention entries deleted per cleanup call.
+/// Retention entries deleted per cleanup script.
 const CLEANUP_BATCH: usize = 1000;
+
+/// Cleanup scripts per housekeeping round (once a minute per replica): up to 100,000 entries.
+const CLEANUP_STEPS: usize = 100;
 
 /// A connection to Redis that runs scripts (implemented by `cluster::Link`, with its timeouts
 /// and degraded mode).
@@ -416,11 +419,21 @@ impl RedisStore {
         Ok(int(&self.call(&scripts::FINALIZE, &args).await?) == Some(1))
     }
 
+    /// Deletes in steps of [`CLEANUP_BATCH`] (each step one short script, so Redis is never
+    /// blocked long), at most [`CLEANUP_STEPS`] steps a call.
     pub(super) async fn cleanup(&self, before: u64) -> Result<usize> {
-        let v = self
-            .call(&scripts::CLEANUP, &[a(before), a(CLEANUP_BATCH)])
-            .await?;
-        Ok(uint(&v) as usize)
+        let mut total = 0;
+        for _ in 0..CLEANUP_STEPS {
+            let v = self
+                .call(&scripts::CLEANUP, &[a(before), a(CLEANUP_BATCH)])
+                .await?;
+            let n = uint(&v) as usize;
+            total += n;
+            if n < CLEANUP_BATCH {
+                break;
+            }
+        }
+        Ok(total)
     }
 
     pub(super) async fn oldest_queued(&self) -> Result<u64> {
