@@ -4,7 +4,8 @@
 //! (b) any replica answers any job: an async job created through replica A is answered (status,
 //! then the stored answer) by replica B, and not to another tenant; a batch submitted through
 //! A completes with every `custom_id` exactly once in the output file read through B, no line
-//! sent twice although each answer takes longer than a lease (renewal holds the claims). (c) cluster reclaim: replica A claims every line of a batch, its upstream is
+//! sent twice although each answer takes longer than a lease (renewal holds the claims).
+//! (c) cluster reclaim: replica A claims every line of a batch, its upstream is
 //! slow, A is stopped mid-batch; replica B queues the lines again once A's leases (`lease_ms`
 //! = 500) expire and completes the batch, each `custom_id` once, every line recorded from B's
 //! answer: A's answers, which arrive while B runs the same lines, are discarded as late.

@@ -2,21 +2,25 @@
 //! script, so it is atomic. `KEYS[1]` is the store's base key (`{prefix}:jobs`, hash-tagged:
 //! every key below shares its slot); the keys a script touches are built from it:
 //!
-//! | key | type | holds |
-//! |---|---|---|
-//! | `:j:ID` | hash | a job: tenant, batch, line, custom_id, method, path, body, state, seq, created, attempt, token (while running), status, resp_type, response, finished |
-//! | `:q:TENANT` | zset | the tenant's queued job ids by `seq` (insertion order) |
-//! | `:tenants` | set | tenants with a queued job |
-//! | `:run` | zset | running job ids by lease expiry (ms, Redis `TIME`) |
-//! | `:tok` / `:seq` | counters | fencing tokens / insertion order |
-//! | `:u:TENANT` | hash | `n` jobs queued or running, `b` bytes stored (limits hold cluster-wide) |
-//! | `:f:ID` | hash | a file: tenant, purpose, filename, bytes, created, content |
-//! | `:b:ID` / `:bl:ID` | hash / list | a batch (tenant, doc, status, total, completed, failed, unfinished) / its job ids in line order |
-//! | `:bt:TENANT` | zset | the tenant's batch ids by creation |
-//! | `:open` | set | batches not in a final status |
-//! | `:exp` | zset | `j:ID`, `b:ID`, `f:ID` by finish (files: creation) time, for retention |
-//! | `:age` | zset | queued job ids by creation time (oldest queued) |
-//! | `:st` | hash | `TENANT\nSTATE` → jobs (`fairgate_jobs`) |
+//! - `:j:ID` (hash): a job — tenant, batch, line, custom_id, method, path, body, state, seq,
+//!   created, attempt, token (while running), status, resp_type, response, finished;
+//! - `:q:TENANT` (zset): the tenant's queued job ids by `seq` (insertion order);
+//! - `:tenants` (set): tenants with a queued job;
+//! - `:run` (zset): running job ids by lease expiry (ms, Redis `TIME`);
+//! - `:tok`, `:seq` (counters): fencing tokens, insertion order;
+//! - `:u:TENANT` (hash): `n` jobs queued or running, `b` bytes stored (limits hold
+//!   cluster-wide);
+//! - `:f:ID` (hash): a file — tenant, purpose, filename, bytes, created, content;
+//! - `:b:ID` (hash), `:bl:ID` (list): a batch — tenant, doc, status, total, completed, failed,
+//!   unfinished — and its job ids in line order;
+//! - `:bt:TENANT` (zset): the tenant's batch ids by creation;
+//! - `:open` (set): batches not in a final status;
+//! - `:exp` (zset): `j:ID`, `b:ID`, `f:ID` by finish (files: creation) time, for retention;
+//! - `:age` (zset): queued job ids by creation time (oldest queued);
+//! - `:st` (hash): `TENANT\nSTATE` → jobs (`fairgate_jobs`).
+//!
+//! The scripts declare only `KEYS[1]` and build the others from it: every one shares its hash
+//! tag, so they all live in one slot of a Redis Cluster too.
 
 use std::sync::LazyLock;
 
