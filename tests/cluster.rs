@@ -17,92 +17,14 @@
 
 mod common;
 
-use std::net::{SocketAddr, TcpListener as StdListener};
-use std::process::{Child, Command, Stdio};
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::redis_server::Redis;
 use common::*;
 use fairgate::mock::{MockConfig, MockServer};
 use fairgate::server::ServerHandle;
-
-/// A `redis-server` child process on its own port; killed on drop.
-struct Redis {
-    child: Option<Child>,
-    port: u16,
-}
-
-impl Redis {
-    /// Starts one on a free port; `None` (skip) when the binary is missing and the developer set
-    /// `FAIRGATE_SKIP_REDIS=1`; panics when it is missing otherwise.
-    fn start() -> Option<Redis> {
-        let port = StdListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let mut r = Redis { child: None, port };
-        if !r.spawn() {
-            assert!(
-                std::env::var_os("FAIRGATE_SKIP_REDIS").is_some_and(|v| v == "1"),
-                "redis-server is not on PATH: install it (apt-get install redis-server), or set \
-                 FAIRGATE_SKIP_REDIS=1 to skip the cluster tests"
-            );
-            eprintln!("SKIPPED (FAIRGATE_SKIP_REDIS=1): redis-server not found on PATH");
-            return None;
-        }
-        Some(r)
-    }
-
-    /// (Re)starts the server on this port and waits until it accepts connections.
-    fn spawn(&mut self) -> bool {
-        let child = Command::new("redis-server")
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            // `DEBUG SLEEP` stalls the server (test j).
-            .args(["--enable-debug-command", "local"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn();
-        let Ok(child) = child else {
-            return false;
-        };
-        self.child = Some(child);
-        for _ in 0..500 {
-            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        panic!("redis-server did not start on port {}", self.port);
-    }
-
-    fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    /// A plain client for inspecting keys.
-    async fn conn(&self) -> redis::aio::MultiplexedConnection {
-        redis::Client::open(self.url())
-            .unwrap()
-            .get_multiplexed_async_connection()
-            .await
-            .unwrap()
-    }
-}
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
 
 /// One replica's config: pool `mock` of `capacity` slots, tenants `(id, weight, extra)`.
 /// `timeout_ms` and `degrade_after_ms` are the defaults (100 ms, 1 s): the tests × three

@@ -22,6 +22,10 @@ use tokio::time::Instant;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{ErrorKind, FromRedisValue, RedisError, ScriptInvocation};
 
+/// Response timeout of the job store's calls (`jobs::store::Redis`): they carry whole files
+/// and batches, so `timeout_ms` (sized for the hot path) is too tight for them.
+pub const JOBS_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Consecutive failed calls (spanning `degrade_after_ms`) that enter degraded mode.
 pub const FAILURES_TO_DEGRADE: u32 = 3;
 
@@ -194,8 +198,17 @@ impl Link {
 
     /// Runs a script invocation within the timeout. `None`: failed (see the module docs).
     pub async fn run<T: FromRedisValue>(&self, inv: &ScriptInvocation<'_>) -> Option<T> {
+        self.run_within(inv, self.timeout).await
+    }
+
+    /// [`Link::run`] with another response timeout (the job store moves whole files).
+    pub async fn run_within<T: FromRedisValue>(
+        &self,
+        inv: &ScriptInvocation<'_>,
+        timeout: Duration,
+    ) -> Option<T> {
         let mut conn = self.conn.clone();
-        match tokio::time::timeout(self.timeout, inv.invoke_async::<T>(&mut conn)).await {
+        match tokio::time::timeout(timeout, inv.invoke_async::<T>(&mut conn)).await {
             Ok(Ok(v)) => {
                 self.up();
                 Some(v)
@@ -257,5 +270,21 @@ impl Link {
             self.gauge.set(0.0);
             tracing::info!(replica = %self.replica, "cluster: Redis reachable again, rejoined");
         }
+    }
+}
+
+/// The job store's connection: the same link (one connection, one degraded flag), with
+/// [`JOBS_TIMEOUT`].
+impl crate::jobs::store::Redis for Link {
+    fn key(&self, parts: &[&str]) -> String {
+        Link::key(self, parts)
+    }
+
+    fn eval<'a>(
+        &'a self,
+        inv: &'a ScriptInvocation<'a>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Option<redis::Value>> + Send + 'a>>
+    {
+        Box::pin(self.run_within(inv, JOBS_TIMEOUT))
     }
 }

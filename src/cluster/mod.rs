@@ -9,6 +9,8 @@
 //! - [`rate`]: per-tenant requests/tokens per minute as GCRA in Lua, corrected at reconcile.
 //! - [`link`]: the connection (tight timeouts) and degraded mode (`fairgate_cluster_degraded`).
 //! - [`replica`]: one live replica per `replica_id` (a duplicate is refused at startup).
+//! - The job store's Redis backend (`jobs::store::redis`) runs its scripts over the same
+//!   [`Link`] (`impl jobs::store::Redis for Link`, with a longer response timeout).
 //!
 //! Not shared: what a tenant's own provider key learned (`feedback::keys`) stays local to each
 //! replica; only the pool key's learned limit is published through the leases.

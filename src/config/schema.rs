@@ -64,7 +64,8 @@ pub struct Config {
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct JobsConfig {
-    /// The SQLite file holding jobs, files and results (created on first use).
+    /// The SQLite file holding jobs, files and results (created on first use); not used with
+    /// `[cluster]` (jobs live in Redis).
     pub path: PathBuf,
     /// Jobs (batch lines and async requests) of one tenant running through the stack at once.
     pub max_inflight_per_tenant: usize,
@@ -75,6 +76,9 @@ pub struct JobsConfig {
     pub max_queued_jobs_per_tenant: u64,
     /// Bytes a tenant may have stored (files, job bodies, results).
     pub max_stored_bytes_per_tenant: u64,
+    /// With `[cluster]`: how long a replica's claim on a job holds without renewal (renewed
+    /// every third of it); a job whose replica died runs elsewhere after this.
+    pub lease_ms: u64,
 }
 
 impl Default for JobsConfig {
@@ -85,6 +89,7 @@ impl Default for JobsConfig {
             retention_hours: 24,
             max_queued_jobs_per_tenant: 50_000,
             max_stored_bytes_per_tenant: 512 << 20,
+            lease_ms: 30_000,
         }
     }
 }

@@ -164,10 +164,10 @@ pub fn validate(c: &Config) -> Result<(), ConfigError> {
     validate_estimate(c)?;
     super::otel::validate(&c.otel)?;
     if let Some(jobs) = &c.jobs {
-        if c.cluster.is_some() {
+        if jobs.lease_ms < 100 {
             return Err(invalid(
-                "jobs",
-                "not available with [cluster] yet: jobs live in one replica's SQLite file",
+                "jobs.lease_ms",
+                "must be >= 100 (renewed every lease_ms / 3)",
             ));
         }
         if jobs.max_inflight_per_tenant == 0 {
@@ -414,12 +414,15 @@ base_url = "http://127.0.0.1:9000/v1"
     }
 
     #[test]
-    fn jobs_are_refused_in_cluster_mode_and_need_an_inflight_slot() {
+    fn jobs_run_in_cluster_mode_with_a_lease_and_need_an_inflight_slot() {
         let cluster = "[cluster]\nredis_url = \"redis://127.0.0.1:6379\"\n";
-        let e = Config::from_toml_str(&format!("{BASE}{cluster}[jobs]\npath = \"j.db\"\n"))
+        let c =
+            Config::from_toml_str(&format!("{BASE}{cluster}[jobs]\npath = \"j.db\"\n")).unwrap();
+        assert_eq!(c.jobs.unwrap().lease_ms, 30_000);
+        let e = Config::from_toml_str(&format!("{BASE}[jobs]\nlease_ms = 10\n"))
             .unwrap_err()
             .to_string();
-        assert!(e.starts_with("jobs") && e.contains("[cluster]"), "{e}");
+        assert!(e.starts_with("jobs.lease_ms"), "{e}");
         let e = Config::from_toml_str(&format!("{BASE}[jobs]\nmax_inflight_per_tenant = 0\n"))
             .unwrap_err()
             .to_string();

@@ -39,28 +39,34 @@ pub async fn handle(
     let ctx = crate::context::of(&req)?;
     let tenant = ctx.identity()?.tenant.id.clone();
     let tenant = tenant.as_str();
-    Ok(route(jobs, tenant, &req)?)
+    Ok(route(jobs, tenant, &req).await?)
 }
 
-fn route(jobs: &Jobs, tenant: &str, req: &Request<Bytes>) -> Result<Response<ResponseBody>, Error> {
+async fn route(
+    jobs: &Jobs,
+    tenant: &str,
+    req: &Request<Bytes>,
+) -> Result<Response<ResponseBody>, Error> {
     let path = req.uri().path().to_owned();
     let method = req.method().clone();
     let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     let res = match (&method, segments.as_slice()) {
-        (&Method::GET, ["v1", "fairgate", "jobs", id]) => job_status(jobs, tenant, id)?,
-        (&Method::DELETE, ["v1", "fairgate", "jobs", id]) => job_cancel(jobs, tenant, id)?,
-        (&Method::POST, ["v1", "files"]) => upload(jobs, tenant, req)?,
+        (&Method::GET, ["v1", "fairgate", "jobs", id]) => job_status(jobs, tenant, id).await?,
+        (&Method::DELETE, ["v1", "fairgate", "jobs", id]) => job_cancel(jobs, tenant, id).await?,
+        (&Method::POST, ["v1", "files"]) => upload(jobs, tenant, req).await?,
         (&Method::GET, ["v1", "files", id]) => {
             let f = jobs
                 .store()
-                .file(tenant, id)?
+                .file(tenant, id)
+                .await?
                 .ok_or(Error::NotFound("file"))?;
             json(StatusCode::OK, &file_doc(&f))
         }
         (&Method::GET, ["v1", "files", id, "content"]) => {
             let c = jobs
                 .store()
-                .file_content(tenant, id)?
+                .file_content(tenant, id)
+                .await?
                 .ok_or(Error::NotFound("file"))?;
             let mut res = Response::new(ResponseBody::full(c));
             res.headers_mut().insert(
@@ -70,7 +76,7 @@ fn route(jobs: &Jobs, tenant: &str, req: &Request<Bytes>) -> Result<Response<Res
             res
         }
         (&Method::DELETE, ["v1", "files", id]) => {
-            if !jobs.store().delete_file(tenant, id)? {
+            if !jobs.store().delete_file(tenant, id).await? {
                 return Err(Error::NotFound("file"));
             }
             json(
@@ -78,21 +84,22 @@ fn route(jobs: &Jobs, tenant: &str, req: &Request<Bytes>) -> Result<Response<Res
                 &serde_json::json!({"id": id, "object": "file", "deleted": true}),
             )
         }
-        (&Method::POST, ["v1", "batches"]) => batch::create(jobs, tenant, req.body())?,
-        (&Method::GET, ["v1", "batches"]) => batch::list(jobs, tenant, req.uri().query())?,
+        (&Method::POST, ["v1", "batches"]) => batch::create(jobs, tenant, req.body()).await?,
+        (&Method::GET, ["v1", "batches"]) => batch::list(jobs, tenant, req.uri().query()).await?,
         (&Method::GET, ["v1", "batches", id]) => {
-            json(StatusCode::OK, &batch::doc(jobs, tenant, id)?)
+            json(StatusCode::OK, &batch::doc(jobs, tenant, id).await?)
         }
-        (&Method::POST, ["v1", "batches", id, "cancel"]) => batch::cancel(jobs, tenant, id)?,
+        (&Method::POST, ["v1", "batches", id, "cancel"]) => batch::cancel(jobs, tenant, id).await?,
         _ => return Err(Error::Method),
     };
     Ok(res)
 }
 
-fn job_status(jobs: &Jobs, tenant: &str, id: &str) -> Result<Response<ResponseBody>, Error> {
+async fn job_status(jobs: &Jobs, tenant: &str, id: &str) -> Result<Response<ResponseBody>, Error> {
     let job = jobs
         .store()
-        .job(tenant, id)?
+        .job(tenant, id)
+        .await?
         .ok_or(Error::NotFound("job"))?;
     match (job.state.as_str(), job.status) {
         (store::state::COMPLETED | store::state::FAILED, Some(status)) => {
@@ -132,10 +139,11 @@ fn job_status(jobs: &Jobs, tenant: &str, id: &str) -> Result<Response<ResponseBo
     }
 }
 
-fn job_cancel(jobs: &Jobs, tenant: &str, id: &str) -> Result<Response<ResponseBody>, Error> {
+async fn job_cancel(jobs: &Jobs, tenant: &str, id: &str) -> Result<Response<ResponseBody>, Error> {
     let state = jobs
         .store()
-        .cancel(tenant, id)?
+        .cancel(tenant, id)
+        .await?
         .ok_or(Error::NotFound("job"))?;
     Ok(json(
         StatusCode::OK,
@@ -143,7 +151,7 @@ fn job_cancel(jobs: &Jobs, tenant: &str, id: &str) -> Result<Response<ResponseBo
     ))
 }
 
-fn upload(
+async fn upload(
     jobs: &Jobs,
     tenant: &str,
     req: &Request<Bytes>,
@@ -159,7 +167,7 @@ fn upload(
     let (filename, content) = form
         .file
         .ok_or_else(|| Error::invalid("a `file` part is required", Some("file")))?;
-    jobs.check_limits(tenant, 0, content.len() as u64)?;
+    jobs.check_limits(tenant, 0, content.len() as u64).await?;
     let f = File {
         id: super::new_id("file-"),
         purpose,
@@ -167,7 +175,7 @@ fn upload(
         bytes: content.len() as u64,
         created: store::now(),
     };
-    jobs.store().insert_file(tenant, &f, &content)?;
+    jobs.store().insert_file(tenant, &f, &content).await?;
     Ok(json(StatusCode::OK, &file_doc(&f)))
 }
 

@@ -138,7 +138,11 @@ pub fn validate(batch: &str, endpoint: &str, content: &[u8]) -> Result<Vec<NewJo
 }
 
 /// `POST /v1/batches`.
-pub fn create(jobs: &Jobs, tenant: &str, body: &Bytes) -> Result<Response<ResponseBody>, Error> {
+pub async fn create(
+    jobs: &Jobs,
+    tenant: &str,
+    body: &Bytes,
+) -> Result<Response<ResponseBody>, Error> {
     let req: Value = serde_json::from_slice(body)
         .map_err(|_| Error::invalid("request body must be a JSON object", None))?;
     let input = field(&req, "input_file_id")?;
@@ -152,7 +156,8 @@ pub fn create(jobs: &Jobs, tenant: &str, body: &Bytes) -> Result<Response<Respon
     }
     let file = jobs
         .store()
-        .file(tenant, input)?
+        .file(tenant, input)
+        .await?
         .ok_or(Error::NotFound("file"))?;
     if file.purpose != "batch" {
         return Err(Error::invalid(
@@ -162,7 +167,8 @@ pub fn create(jobs: &Jobs, tenant: &str, body: &Bytes) -> Result<Response<Respon
     }
     let content = jobs
         .store()
-        .file_content(tenant, input)?
+        .file_content(tenant, input)
+        .await?
         .unwrap_or_default();
     let id = super::new_id("batch_");
     let now = store::now();
@@ -178,10 +184,11 @@ pub fn create(jobs: &Jobs, tenant: &str, body: &Bytes) -> Result<Response<Respon
     match validate(&id, endpoint, &content) {
         Ok(lines) => {
             let bytes: u64 = lines.iter().map(|l| l.body.len() as u64).sum();
-            jobs.check_limits(tenant, lines.len() as u64, bytes)?;
+            jobs.check_limits(tenant, lines.len() as u64, bytes).await?;
             doc["request_counts"]["total"] = json!(lines.len());
             jobs.store()
-                .insert(tenant, &lines, Some((&id, &doc.to_string())))?;
+                .insert(tenant, lines, Some((id.clone(), doc.to_string())))
+                .await?;
             jobs.wake();
         }
         Err(errors) => {
@@ -190,32 +197,35 @@ pub fn create(jobs: &Jobs, tenant: &str, body: &Bytes) -> Result<Response<Respon
             doc["failed_at"] = json!(now);
             doc["errors"] = json!({"object": "list", "data": errors});
             jobs.store()
-                .insert_failed_batch(tenant, &id, &doc.to_string())?;
+                .insert_failed_batch(tenant, &id, &doc.to_string())
+                .await?;
         }
     }
     Ok(api::json(StatusCode::OK, &doc))
 }
 
 /// A batch as OpenAI shows it, with its current request counts.
-pub fn doc(jobs: &Jobs, tenant: &str, id: &str) -> Result<Value, Error> {
+pub async fn doc(jobs: &Jobs, tenant: &str, id: &str) -> Result<Value, Error> {
     let raw = jobs
         .store()
-        .batch(tenant, id)?
+        .batch(tenant, id)
+        .await?
         .ok_or(Error::NotFound("batch"))?;
-    with_counts(jobs, id, &raw)
+    with_counts(jobs, id, &raw).await
 }
 
-fn with_counts(jobs: &Jobs, id: &str, raw: &str) -> Result<Value, Error> {
+async fn with_counts(jobs: &Jobs, id: &str, raw: &str) -> Result<Value, Error> {
     let mut doc: Value = serde_json::from_str(raw).unwrap_or(Value::Null);
-    let (total, completed, failed, _) = jobs.store().counts(id)?;
-    if total > 0 {
-        doc["request_counts"] = json!({"total": total, "completed": completed, "failed": failed});
+    let c = jobs.store().counts(id).await?;
+    if c.total > 0 {
+        doc["request_counts"] =
+            json!({"total": c.total, "completed": c.completed, "failed": c.failed});
     }
     Ok(doc)
 }
 
 /// `GET /v1/batches?after=&limit=`.
-pub fn list(
+pub async fn list(
     jobs: &Jobs,
     tenant: &str,
     query: Option<&str>,
@@ -233,19 +243,19 @@ pub fn list(
             _ => {}
         }
     }
-    let raws = jobs.store().batches(tenant, after.as_deref(), limit + 1)?;
+    let raws = jobs
+        .store()
+        .batches(tenant, after.as_deref(), limit + 1)
+        .await?;
     let has_more = raws.len() > limit;
-    let data = raws
-        .iter()
-        .take(limit)
-        .map(|raw| {
-            let id = serde_json::from_str::<Value>(raw)
-                .ok()
-                .and_then(|d| d["id"].as_str().map(str::to_owned))
-                .unwrap_or_default();
-            with_counts(jobs, &id, raw)
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    let mut data = Vec::new();
+    for raw in raws.iter().take(limit) {
+        let id = serde_json::from_str::<Value>(raw)
+            .ok()
+            .and_then(|d| d["id"].as_str().map(str::to_owned))
+            .unwrap_or_default();
+        data.push(with_counts(jobs, &id, raw).await?);
+    }
     let first = data.first().map(|d| d["id"].clone());
     let last = data.last().map(|d| d["id"].clone());
     Ok(api::json(
@@ -255,42 +265,52 @@ pub fn list(
 }
 
 /// `POST /v1/batches/{id}/cancel`: queued lines are cancelled, running ones finish.
-pub fn cancel(jobs: &Jobs, tenant: &str, id: &str) -> Result<Response<ResponseBody>, Error> {
+pub async fn cancel(jobs: &Jobs, tenant: &str, id: &str) -> Result<Response<ResponseBody>, Error> {
     let raw = jobs
         .store()
-        .batch(tenant, id)?
+        .batch(tenant, id)
+        .await?
         .ok_or(Error::NotFound("batch"))?;
     let mut doc: Value = serde_json::from_str(&raw).unwrap_or(Value::Null);
     if doc["status"] == "in_progress" {
         doc["status"] = json!("cancelling");
         doc["cancelling_at"] = json!(store::now());
-        jobs.store()
-            .save_batch(id, &doc.to_string(), "cancelling", false)?;
-        jobs.store().cancel_lines(id)?;
-        finalize_if_done(jobs, id)?;
+        let doc = doc.to_string();
+        if jobs.store().cancel_batch(tenant, id, &doc).await? {
+            finalize_if_done(jobs, id).await?;
+        }
     }
-    Ok(api::json(StatusCode::OK, &self::doc(jobs, tenant, id)?))
+    Ok(api::json(
+        StatusCode::OK,
+        &self::doc(jobs, tenant, id).await?,
+    ))
 }
 
 /// Once no line of batch `id` is queued or running: writes its output and error files and
-/// moves it to `completed` (or `cancelled`). Idempotent.
-pub fn finalize_if_done(jobs: &Jobs, id: &str) -> Result<(), Error> {
+/// moves it to `completed` (or `cancelled`). Idempotent and exactly once: the files and the
+/// final status are stored by one compare-and-set on the status read here (another caller, on
+/// this replica or another, that got there first makes this one a no-op).
+pub async fn finalize_if_done(jobs: &Jobs, id: &str) -> Result<(), Error> {
     let store = jobs.store();
-    if store.unfinished(id)? {
+    if store.counts(id).await?.unfinished > 0 {
         return Ok(());
     }
-    let _one = jobs.0.finalizing.lock().unwrap_or_else(|p| p.into_inner());
-    let Some(tenant) = store.batch_tenant(id)? else {
+    let Some(tenant) = store.batch_tenant(id).await? else {
         return Ok(());
     };
-    let raw = store.batch(&tenant, id)?.unwrap_or_default();
+    let raw = store.batch(&tenant, id).await?.unwrap_or_default();
     let mut doc: Value = serde_json::from_str(&raw).unwrap_or(Value::Null);
     let cancelling = doc["status"] == "cancelling";
-    if !(cancelling || doc["status"] == "in_progress") || store.unfinished(id)? {
+    if !(cancelling || doc["status"] == "in_progress") {
         return Ok(());
     }
+    let expected = if cancelling {
+        "cancelling"
+    } else {
+        "in_progress"
+    };
     let (mut out, mut err) = (Vec::new(), Vec::new());
-    for line in store.lines(id)? {
+    for line in store.lines(id).await? {
         let body = line.response.as_deref().map(|b| {
             serde_json::from_slice::<Value>(b)
                 .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(b).into_owned()))
@@ -314,6 +334,7 @@ pub fn finalize_if_done(jobs: &Jobs, id: &str) -> Result<(), Error> {
         target.push(b'\n');
     }
     let now = store::now();
+    let mut files = Vec::new();
     for (content, key) in [(out, "output_file_id"), (err, "error_file_id")] {
         if content.is_empty() {
             continue;
@@ -325,8 +346,8 @@ pub fn finalize_if_done(jobs: &Jobs, id: &str) -> Result<(), Error> {
             bytes: content.len() as u64,
             created: now,
         };
-        store.insert_file(&tenant, &f, &content)?;
         doc[key] = json!(f.id);
+        files.push((f, content));
     }
     let status = if cancelling { "cancelled" } else { "completed" };
     doc["status"] = json!(status);
@@ -336,7 +357,12 @@ pub fn finalize_if_done(jobs: &Jobs, id: &str) -> Result<(), Error> {
     } else {
         "completed_at"
     }] = json!(now);
-    store.save_batch(id, &doc.to_string(), status, true)?;
+    if !store
+        .finalize(id, expected, &doc.to_string(), status, files)
+        .await?
+    {
+        tracing::debug!(batch = id, "jobs: batch finalized by another caller");
+    }
     Ok(())
 }
 

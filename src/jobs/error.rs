@@ -39,7 +39,7 @@ pub enum Error {
     Disabled,
     /// The job store failed.
     #[error("job store error")]
-    Store(#[from] rusqlite::Error),
+    Store(super::store::StoreError),
 }
 
 impl Error {
@@ -52,6 +52,15 @@ impl Error {
     }
 }
 
+impl From<super::store::StoreError> for Error {
+    fn from(e: super::store::StoreError) -> Self {
+        match e {
+            super::store::StoreError::Limit { what, limit } => Error::Limit { what, limit },
+            e => Error::Store(e),
+        }
+    }
+}
+
 impl ApiError for Error {
     fn status(&self) -> StatusCode {
         match self {
@@ -59,6 +68,7 @@ impl ApiError for Error {
             Error::Stream | Error::Invalid { .. } => StatusCode::BAD_REQUEST,
             Error::Limit { .. } => StatusCode::TOO_MANY_REQUESTS,
             Error::Method => StatusCode::METHOD_NOT_ALLOWED,
+            Error::Store(super::store::StoreError::Redis) => StatusCode::SERVICE_UNAVAILABLE,
             Error::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -76,6 +86,7 @@ impl ApiError for Error {
             Error::Limit { .. } => "job_limit_exceeded",
             Error::Invalid { .. } => "invalid_request",
             Error::Method => "method_not_allowed",
+            Error::Store(super::store::StoreError::Redis) => "job_store_unavailable",
             Error::Store(_) => "internal_error",
         }
     }

@@ -1,7 +1,7 @@
 //! Jobs: asynchronous completion (`Prefer: respond-async`, RFC 7240) and the OpenAI Batch API
 //! (`/v1/files`, `/v1/batches`) for any provider, stored in an embedded SQLite file
-//! (`[jobs] path`) and run on the tenant's batch class through the same stack as every other
-//! request.
+//! (`[jobs] path`) or, with `[cluster]`, in the replicas' shared Redis ([`store`]), and run on
+//! the tenant's batch class through the same stack as every other request.
 //!
 //! The stage sits right below `body` (the identity is known, the body is read and parsed) and
 //! above `route`: it answers the jobs endpoints itself, turns a proxied `POST` that prefers
@@ -15,7 +15,10 @@
 //! at most `max_queued_jobs_per_tenant` queued and at most `max_stored_bytes_per_tenant` stored
 //! (429 `x-fairgate-limit: tenant` beyond); a finished job's answer is committed before it
 //! counts as finished, so after a crash only lines that were in flight run again
-//! (at-least-once for those, exactly once in the output file).
+//! (at-least-once for those, exactly once in the output file). With `[cluster]`, a line
+//! claimed by a replica that died is run by another after `[jobs] lease_ms`, and the dead
+//! replica's late answer (if it comes) is discarded by the fencing token; the queued and
+//! stored limits hold across replicas, `max_inflight_per_tenant` holds per replica.
 //!
 //! [`context::JobRun`]: crate::context::JobRun
 
@@ -27,7 +30,7 @@ pub mod multipart;
 pub mod runner;
 pub mod store;
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use crate::config::JobsConfig;
 pub use error::Error;
@@ -52,6 +55,10 @@ pub trait Meter: Send + Sync + std::fmt::Debug {
     fn line(&self, tenant: &str, outcome: &'static str);
     /// `fairgate_jobs_oldest_queued_seconds`: age of the oldest queued job.
     fn oldest(&self, seconds: u64);
+    /// `fairgate_jobs_late_total`: an answer of `tenant`'s job discarded because this replica's
+    /// claim no longer held (its lease expired and the job was reclaimed, or it finished
+    /// elsewhere).
+    fn late(&self, tenant: &str);
 }
 
 /// The jobs subsystem: the store, its limits and the runner's wake-up (cheap to clone).
@@ -63,24 +70,36 @@ struct Inner {
     store: Store,
     config: JobsConfig,
     wake: tokio::sync::Notify,
-    /// Serializes a batch's finalization (two lines finishing at once write one output file).
-    finalizing: Mutex<()>,
     meter: Option<Arc<dyn Meter>>,
 }
 
 impl Jobs {
-    /// Opens (or creates) the store at `config.path`.
+    /// Opens (or creates) the SQLite store at `config.path`.
     pub fn open(
         config: &JobsConfig,
         meter: Option<Arc<dyn Meter>>,
     ) -> Result<Self, rusqlite::Error> {
-        Ok(Self(Arc::new(Inner {
-            store: Store::open(&config.path)?,
+        let store = Store::Sqlite(Arc::new(store::Sqlite::open(&config.path)?));
+        Ok(Self::with_store(store, config, meter))
+    }
+
+    /// The jobs subsystem on the cluster's Redis (`config.path` is not used).
+    pub fn shared(
+        redis: Arc<dyn store::Redis>,
+        config: &JobsConfig,
+        meter: Option<Arc<dyn Meter>>,
+    ) -> Self {
+        let store = Store::Redis(store::RedisStore::new(redis, config));
+        Self::with_store(store, config, meter)
+    }
+
+    fn with_store(store: Store, config: &JobsConfig, meter: Option<Arc<dyn Meter>>) -> Self {
+        Self(Arc::new(Inner {
+            store,
             config: config.clone(),
             wake: tokio::sync::Notify::new(),
-            finalizing: Mutex::new(()),
             meter,
-        })))
+        }))
     }
 
     /// The meter, if any.
@@ -103,9 +122,10 @@ impl Jobs {
         self.0.wake.notify_one();
     }
 
-    /// Refuses `adding` more jobs of `bytes` for `tenant` beyond its limits.
-    pub fn check_limits(&self, tenant: &str, adding: u64, bytes: u64) -> Result<(), Error> {
-        let (queued, stored) = self.store().usage(tenant)?;
+    /// Refuses `adding` more jobs of `bytes` for `tenant` beyond its limits (the Redis store
+    /// checks them again atomically as it inserts).
+    pub async fn check_limits(&self, tenant: &str, adding: u64, bytes: u64) -> Result<(), Error> {
+        let (queued, stored) = self.store().usage(tenant).await?;
         let c = self.config();
         if queued.saturating_add(adding) > c.max_queued_jobs_per_tenant {
             return Err(Error::Limit {

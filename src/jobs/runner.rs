@@ -7,6 +7,11 @@
 //! a pause, holding its in-flight slot meanwhile (no hot loop); any other answer — the
 //! provider's, or a final refusal such as a 400 — is the job's result, committed before the
 //! slot is released. The in-flight count per tenant is a guard released on drop.
+//!
+//! With the Redis store, each claim is a lease: the runner renews the leases of the jobs it
+//! runs every `lease_ms / 3` (a claim in the renewal set is removed by the same guard), and
+//! every tick it queues again jobs whose lease expired on any replica. An answer recorded after
+//! this replica's lease was lost is discarded by the store (`fairgate_jobs_late_total`).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -18,7 +23,7 @@ use bytes::Bytes;
 use http::{header, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 
-use super::store::Claimed;
+use super::store::{Claimed, Store, StoreError};
 use super::{batch, Jobs};
 use crate::context::JobRun;
 use crate::domain::TenantId;
@@ -42,15 +47,24 @@ const TICK: Duration = Duration::from_secs(1);
 
 type Inflight = Arc<Mutex<HashMap<String, usize>>>;
 
-/// Releases a tenant's in-flight slot on drop and wakes the runner.
+/// The claims this runner holds: job id → fencing token (renewed while present).
+type Held = Arc<Mutex<HashMap<String, u64>>>;
+
+/// Releases a tenant's in-flight slot and the job's claim on drop and wakes the runner.
 struct Slot {
     inflight: Inflight,
+    held: Held,
+    id: String,
     tenant: String,
     jobs: Jobs,
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
+        self.held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.id);
         let mut m = self.inflight.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(n) = m.get_mut(&self.tenant) {
             *n = n.saturating_sub(1);
@@ -66,12 +80,15 @@ impl Drop for Slot {
 /// Runs jobs until `stop` turns true. Finalizes, first, batches whose lines all finished
 /// before a restart.
 pub async fn run(jobs: Jobs, dispatch: Dispatch, mut stop: tokio::sync::watch::Receiver<bool>) {
-    if let Ok(open) = jobs.store().open_batches() {
-        for id in open {
-            let _ = batch::finalize_if_done(&jobs, &id);
-        }
-    }
     let inflight: Inflight = Arc::default();
+    let held: Held = Arc::default();
+    let shared = matches!(jobs.store(), Store::Redis(_));
+    if shared {
+        tokio::spawn(renew(jobs.clone(), held.clone(), stop.clone()));
+    }
+    // With Redis, leases expire at `lease_ms`: look for expired ones a few times per lease.
+    let lease = Duration::from_millis(jobs.config().lease_ms.max(30));
+    let tick = if shared { TICK.min(lease / 3) } else { TICK };
     let mut last_cleanup = tokio::time::Instant::now() - Duration::from_secs(3600);
     loop {
         if *stop.borrow() {
@@ -79,34 +96,85 @@ pub async fn run(jobs: Jobs, dispatch: Dispatch, mut stop: tokio::sync::watch::R
         }
         if last_cleanup.elapsed() >= Duration::from_secs(60) {
             last_cleanup = tokio::time::Instant::now();
-            let hours = jobs.config().retention_hours;
-            let before = super::store::now().saturating_sub(hours.saturating_mul(3600));
-            if let Err(e) = jobs.store().cleanup(before) {
-                tracing::warn!(error = %e, "jobs: retention cleanup failed");
+            housekeeping(&jobs).await;
+        }
+        if shared {
+            match jobs.store().reclaim().await {
+                Ok(0) => {}
+                Ok(n) => tracing::warn!(jobs = n, "jobs: leases expired, queued again"),
+                Err(e) => tracing::warn!(error = %e, "jobs: cannot reclaim expired leases"),
             }
         }
         if let Some(m) = jobs.meter() {
-            if let (Ok(states), Ok(oldest)) = (jobs.store().states(), jobs.store().oldest_queued())
-            {
+            let store = jobs.store();
+            if let (Ok(states), Ok(oldest)) = (store.states().await, store.oldest_queued().await) {
                 m.jobs(&states);
                 m.oldest(oldest);
             }
         }
-        if let Err(e) = feed(&jobs, &dispatch, &inflight) {
+        if let Err(e) = feed(&jobs, &dispatch, &inflight, &held).await {
             tracing::warn!(error = %e, "jobs: cannot read the job store");
         }
         tokio::select! {
             _ = jobs.0.wake.notified() => {}
-            _ = tokio::time::sleep(TICK) => {}
+            _ = tokio::time::sleep(tick) => {}
             _ = stop.changed() => {}
         }
     }
 }
 
+/// Once a minute (and at start): finalizes batches whose lines all finished but which no one
+/// finalized (a crash, or a replica that died right after its last line), and deletes what
+/// is past `retention_hours`.
+async fn housekeeping(jobs: &Jobs) {
+    if let Ok(open) = jobs.store().open_batches().await {
+        for id in open {
+            if let Err(e) = batch::finalize_if_done(jobs, &id).await {
+                tracing::warn!(error = %e, "jobs: cannot finalize a batch");
+            }
+        }
+    }
+    let hours = jobs.config().retention_hours;
+    let before = super::store::now().saturating_sub(hours.saturating_mul(3600));
+    if let Err(e) = jobs.store().cleanup(before).await {
+        tracing::warn!(error = %e, "jobs: retention cleanup failed");
+    }
+}
+
+/// Renews the leases of the claims this runner holds, every `lease_ms / 3`, until `stop`.
+async fn renew(jobs: Jobs, held: Held, mut stop: tokio::sync::watch::Receiver<bool>) {
+    let every = Duration::from_millis((jobs.config().lease_ms / 3).max(10));
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = stop.changed() => {}
+        }
+        if *stop.borrow() {
+            return;
+        }
+        let claims: Vec<(String, u64)> = held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(id, token)| (id.clone(), *token))
+            .collect();
+        match jobs.store().renew(&claims).await {
+            Ok(0) => {}
+            Ok(lost) => tracing::warn!(lost, "jobs: leases lost before renewal (reclaimed)"),
+            Err(e) => tracing::warn!(error = %e, "jobs: cannot renew leases"),
+        }
+    }
+}
+
 /// Claims what each tenant's free slots allow and spawns those jobs.
-fn feed(jobs: &Jobs, dispatch: &Dispatch, inflight: &Inflight) -> Result<(), rusqlite::Error> {
+async fn feed(
+    jobs: &Jobs,
+    dispatch: &Dispatch,
+    inflight: &Inflight,
+    held: &Held,
+) -> Result<(), StoreError> {
     let max = jobs.config().max_inflight_per_tenant;
-    for tenant in jobs.store().queued_tenants()? {
+    for tenant in jobs.store().queued_tenants().await? {
         let free = {
             let m = inflight.lock().unwrap_or_else(|p| p.into_inner());
             max.saturating_sub(m.get(&tenant).copied().unwrap_or(0))
@@ -114,7 +182,10 @@ fn feed(jobs: &Jobs, dispatch: &Dispatch, inflight: &Inflight) -> Result<(), rus
         if free == 0 {
             continue;
         }
-        for job in jobs.store().claim(&tenant, free)? {
+        for job in jobs.store().claim(&tenant, free).await? {
+            held.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(job.id.clone(), job.token);
             *inflight
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
@@ -122,6 +193,8 @@ fn feed(jobs: &Jobs, dispatch: &Dispatch, inflight: &Inflight) -> Result<(), rus
                 .or_insert(0) += 1;
             let slot = Slot {
                 inflight: inflight.clone(),
+                held: held.clone(),
+                id: job.id.clone(),
                 tenant: tenant.clone(),
                 jobs: jobs.clone(),
             };
@@ -147,7 +220,8 @@ async fn one(jobs: Jobs, dispatch: Dispatch, job: Claimed, slot: Slot) {
     let Ok(req) = req else {
         let _ = jobs
             .store()
-            .finish(&job.id, 400, None, b"invalid stored request");
+            .finish(&job.id, job.token, 400, None, b"invalid stored request")
+            .await;
         return;
     };
     let res = dispatch(req).await;
@@ -162,7 +236,7 @@ async fn one(jobs: Jobs, dispatch: Dispatch, job: Claimed, slot: Slot) {
     if passing {
         drop(res);
         tokio::time::sleep(RETRY_PAUSE).await;
-        if let Err(e) = jobs.store().requeue(&job.id) {
+        if let Err(e) = jobs.store().requeue(&job.id, job.token).await {
             tracing::warn!(error = %e, "jobs: cannot requeue");
         }
         if let (Some(m), Some(_)) = (jobs.meter(), &job.batch) {
@@ -187,18 +261,30 @@ async fn one(jobs: Jobs, dispatch: Dispatch, job: Claimed, slot: Slot) {
             Bytes::from_static(b"{\"error\":{\"message\":\"the answer could not be read whole\",\"type\":\"server_error\",\"code\":\"job_result_unreadable\"}}"),
         ),
     };
-    if let Err(e) = jobs
-        .store()
-        .finish(&job.id, status, content_type.as_deref(), &body)
+    let store = jobs.store();
+    match store
+        .finish(&job.id, job.token, status, content_type.as_deref(), &body)
+        .await
     {
-        tracing::warn!(error = %e, "jobs: cannot record a result");
+        Ok(true) => {}
+        Ok(false) => {
+            // Seed 2's "workers completing after leases expire": the job was reclaimed (or
+            // finished elsewhere); its recorded answer, if any, is another claim's.
+            tracing::warn!(job = %job.id, "jobs: late answer discarded (lease no longer held)");
+            if let Some(m) = jobs.meter() {
+                m.late(&job.tenant);
+            }
+            drop(slot);
+            return;
+        }
+        Err(e) => tracing::warn!(error = %e, "jobs: cannot record a result"),
     }
     if let Some(b) = &job.batch {
         if let Some(m) = jobs.meter() {
             let ok = (200..300).contains(&status);
             m.line(&job.tenant, if ok { "completed" } else { "failed" });
         }
-        if let Err(e) = batch::finalize_if_done(&jobs, b) {
+        if let Err(e) = batch::finalize_if_done(&jobs, b).await {
             tracing::warn!(error = %e, "jobs: cannot finalize a batch");
         }
     }

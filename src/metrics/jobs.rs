@@ -1,5 +1,6 @@
 //! The jobs subsystem's series (`crate::jobs::Meter`): `fairgate_jobs{tenant,state}`,
-//! `fairgate_batch_lines_total{tenant,outcome}` and `fairgate_jobs_oldest_queued_seconds`.
+//! `fairgate_batch_lines_total{tenant,outcome}`, `fairgate_jobs_oldest_queued_seconds` and
+//! `fairgate_jobs_late_total{tenant}` (answers discarded because the lease was lost).
 //! The `tenant` label is the one every per-tenant series uses (the tenant id, or its plan
 //! without `per_tenant_labels`); an id not configured (a tenant removed since) is `other`, so
 //! the label set stays bounded by the config.
@@ -74,6 +75,14 @@ impl crate::jobs::Meter for Metrics {
                 Label::new("tenant", self.jobs_label(tenant)),
                 Label::new("outcome", SharedString::const_str(outcome)),
             ],
+        );
+        self.recorder.register_counter(&key, &META).increment(1);
+    }
+
+    fn late(&self, tenant: &str) {
+        let key = Key::from_parts(
+            "fairgate_jobs_late_total",
+            vec![Label::new("tenant", self.jobs_label(tenant))],
         );
         self.recorder.register_counter(&key, &META).increment(1);
     }

@@ -162,15 +162,19 @@ impl State {
             let unapplied = metrics.plain_counter("fairgate_cluster_sync_unapplied_total");
             crate::cluster::Cluster::new(link, store, &config, &pools, &admission, unapplied)
         });
-        let jobs = match &config.jobs {
-            Some(j) => Some(
-                crate::jobs::Jobs::open(j, Some(metrics.clone() as Arc<dyn crate::jobs::Meter>))
-                    .map_err(|e| ConfigError::Invalid {
+        let meter = || Some(metrics.clone() as Arc<dyn crate::jobs::Meter>);
+        let jobs = match (&config.jobs, &cluster) {
+            // With `[cluster]`, jobs live in the shared Redis (`path` is not used).
+            (Some(j), Some(c)) => Some(crate::jobs::Jobs::shared(c.link.clone(), j, meter())),
+            (Some(j), None) => {
+                Some(
+                    crate::jobs::Jobs::open(j, meter()).map_err(|e| ConfigError::Invalid {
                         key: "jobs.path".to_owned(),
                         message: format!("cannot open {}: {e}", j.path.display()),
                     })?,
-            ),
-            None => None,
+                )
+            }
+            (None, _) => None,
         };
         Ok(Self {
             jobs,

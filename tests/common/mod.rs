@@ -2,6 +2,8 @@
 //! port 0, and talk raw HTTP to them.
 #![allow(dead_code)]
 
+pub mod redis_server;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 

@@ -1,17 +1,20 @@
-//! The job store: jobs (async requests and batch lines), files and batches in one embedded
-//! SQLite file (`[jobs] path`, created on first use, WAL journal).
+//! The SQLite backend: jobs (async requests and batch lines), files and batches in one embedded
+//! file (`[jobs] path`, created on first use, WAL journal), for a single replica.
 //!
 //! Invariants: every row carries its tenant and every read by id filters on it (another
 //! tenant's id reads as absent); a job moves `queued → running → completed | failed` (or
 //! `cancelled` from `queued`), and a `running` job found at open (the process died while it
 //! was in flight) goes back to `queued`: at-least-once for a line in flight at a crash, never
 //! again for a finished one (its result is committed before it counts as finished). Calls are
-//! short synchronous transactions under one mutex, never held across an `.await`.
+//! short synchronous transactions under one mutex; [`super::Store`] runs each on tokio's
+//! blocking pool, so neither the mutex nor the disk ever blocks an async worker.
 
 use std::path::Path;
 use std::sync::Mutex;
 
 use rusqlite::{params, Connection, OptionalExtension};
+
+use super::{now, state, Claimed, Counts, File, Job, Line, NewJob};
 
 /// SQLite errors.
 pub type Result<T> = std::result::Result<T, rusqlite::Error>;
@@ -35,109 +38,13 @@ CREATE TABLE IF NOT EXISTS batches(
   created INTEGER NOT NULL, finished INTEGER);
 ";
 
-/// States a job row can be in.
-pub mod state {
-    /// Waiting for the runner.
-    pub const QUEUED: &str = "queued";
-    /// Sent through the stack.
-    pub const RUNNING: &str = "running";
-    /// Answered 2xx.
-    pub const COMPLETED: &str = "completed";
-    /// Answered anything else.
-    pub const FAILED: &str = "failed";
-    /// Cancelled before it ran.
-    pub const CANCELLED: &str = "cancelled";
-}
-
-/// A job to insert.
-#[derive(Debug, Clone)]
-pub struct NewJob {
-    /// Its id.
-    pub id: String,
-    /// Batch and line (0-based) and custom id, for a batch line.
-    pub batch: Option<(String, u32, String)>,
-    /// `POST`.
-    pub method: String,
-    /// The proxied path.
-    pub path: String,
-    /// The JSON body.
-    pub body: Vec<u8>,
-}
-
-/// A stored job.
-#[derive(Debug, Clone)]
-pub struct Job {
-    /// Its state (see [`state`]).
-    pub state: String,
-    /// The answer's status, once finished.
-    pub status: Option<u16>,
-    /// The answer's content type.
-    pub resp_type: Option<String>,
-    /// The answer's body.
-    pub response: Option<Vec<u8>>,
-}
-
-/// A job the runner has claimed.
-#[derive(Debug, Clone)]
-pub struct Claimed {
-    /// Its id.
-    pub id: String,
-    /// Its tenant.
-    pub tenant: String,
-    /// Its batch, if a batch line.
-    pub batch: Option<String>,
-    /// Method.
-    pub method: String,
-    /// Path.
-    pub path: String,
-    /// Body.
-    pub body: Vec<u8>,
-}
-
-/// A stored file's metadata.
-#[derive(Debug, Clone)]
-pub struct File {
-    /// Id.
-    pub id: String,
-    /// Purpose.
-    pub purpose: String,
-    /// Name.
-    pub filename: String,
-    /// Size.
-    pub bytes: u64,
-    /// Created (unix seconds).
-    pub created: u64,
-}
-
-/// A batch line's outcome, for the output and error files.
-#[derive(Debug, Clone)]
-pub struct Line {
-    /// Job id.
-    pub id: String,
-    /// The client's `custom_id`.
-    pub custom_id: String,
-    /// State.
-    pub state: String,
-    /// Status.
-    pub status: Option<u16>,
-    /// Body.
-    pub response: Option<Vec<u8>>,
-}
-
-/// The store (one connection behind a mutex).
+/// The SQLite store (one connection behind a mutex).
 #[derive(Debug)]
-pub struct Store {
+pub struct Sqlite {
     conn: Mutex<Connection>,
 }
 
-/// Unix seconds now.
-pub fn now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
-
-impl Store {
+impl Sqlite {
     /// Opens (creating if absent) the store at `path`; jobs left `running` by a previous
     /// process go back to `queued`.
     pub fn open(path: &Path) -> Result<Self> {
@@ -267,6 +174,7 @@ impl Store {
                 let rows = st.query_map(params![tenant, n as i64], |r| {
                     Ok(Claimed {
                         id: r.get(0)?,
+                        token: 0,
                         tenant: r.get(1)?,
                         batch: r.get(2)?,
                         method: r.get(3)?,
@@ -302,7 +210,7 @@ impl Store {
         status: u16,
         resp_type: Option<&str>,
         body: &[u8],
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let st = if (200..300).contains(&status) {
             state::COMPLETED
         } else {
@@ -314,7 +222,7 @@ impl Store {
                  WHERE id = ?1 AND state = 'running'",
                 params![id, st, status, resp_type, body, now() as i64],
             )
-            .map(drop)
+            .map(|n| n > 0)
         })
     }
 
@@ -396,14 +304,77 @@ impl Store {
         })
     }
 
-    /// Saves a batch document (and its status; `finished`: it reached a final status).
-    pub fn save_batch(&self, id: &str, doc: &str, status: &str, finished: bool) -> Result<()> {
+    /// `in_progress` → `cancelling` (document `doc`) and the queued lines cancelled, in one
+    /// transaction; whether the batch was in progress.
+    pub fn cancel_batch(&self, tenant: &str, id: &str, doc: &str) -> Result<bool> {
         self.with(|c| {
-            c.execute(
-                "UPDATE batches SET doc = ?2, status = ?3, finished = CASE WHEN ?4 THEN ?5 ELSE NULL END WHERE id = ?1",
-                params![id, doc, status, finished, now() as i64],
-            )
-            .map(drop)
+            let tx = c.transaction()?;
+            let n = tx.execute(
+                "UPDATE batches SET doc = ?3, status = 'cancelling' \
+                 WHERE id = ?1 AND tenant = ?2 AND status = 'in_progress'",
+                params![id, tenant, doc],
+            )?;
+            if n > 0 {
+                tx.execute(
+                    "UPDATE jobs SET state = 'cancelled', finished = ?2 \
+                     WHERE batch = ?1 AND state = 'queued'",
+                    params![id, now() as i64],
+                )?;
+            }
+            tx.commit()?;
+            Ok(n > 0)
+        })
+    }
+
+    /// Finalizes batch `id` (see [`super::Store::finalize`]) in one transaction.
+    pub fn finalize(
+        &self,
+        id: &str,
+        expected: &str,
+        doc: &str,
+        status: &str,
+        files: &[(File, Vec<u8>)],
+    ) -> Result<bool> {
+        let t = now() as i64;
+        self.with(|c| {
+            let tx = c.transaction()?;
+            let open: bool = tx.query_row(
+                "SELECT NOT EXISTS(SELECT 1 FROM jobs WHERE batch = ?1 AND state IN \
+                 ('queued','running'))",
+                [id],
+                |r| r.get(0),
+            )?;
+            let tenant: Option<String> = tx
+                .query_row(
+                    "SELECT tenant FROM batches WHERE id = ?1 AND status = ?2",
+                    [id, expected],
+                    |r| r.get(0),
+                )
+                .optional()?;
+            let Some(tenant) = tenant.filter(|_| open) else {
+                return Ok(false);
+            };
+            for (f, content) in files {
+                tx.execute(
+                    "INSERT INTO files(id, tenant, purpose, filename, bytes, created, content) \
+                     VALUES (?1,?2,?3,?4,?5,?6,?7)",
+                    params![
+                        f.id,
+                        tenant,
+                        f.purpose,
+                        f.filename,
+                        f.bytes as i64,
+                        f.created as i64,
+                        content
+                    ],
+                )?;
+            }
+            tx.execute(
+                "UPDATE batches SET doc = ?2, status = ?3, finished = ?4 WHERE id = ?1",
+                params![id, doc, status, t],
+            )?;
+            tx.commit()?;
+            Ok(true)
         })
     }
 
@@ -418,19 +389,8 @@ impl Store {
         })
     }
 
-    /// Cancels the queued lines of batch `id`.
-    pub fn cancel_lines(&self, id: &str) -> Result<()> {
-        self.with(|c| {
-            c.execute(
-                "UPDATE jobs SET state = 'cancelled', finished = ?2 WHERE batch = ?1 AND state = 'queued'",
-                params![id, now() as i64],
-            )
-            .map(drop)
-        })
-    }
-
-    /// (total, completed, failed, unfinished) lines of batch `id`.
-    pub fn counts(&self, id: &str) -> Result<(u64, u64, u64, u64)> {
+    /// The line counts of batch `id`.
+    pub fn counts(&self, id: &str) -> Result<Counts> {
         self.with(|c| {
             c.query_row(
                 "SELECT COUNT(*), \
@@ -439,19 +399,13 @@ impl Store {
                 [id],
                 |r| {
                     let g = |i| r.get::<_, i64>(i).map(|v| v.max(0) as u64);
-                    Ok((g(0)?, g(1)?, g(2)?, g(3)?))
+                    Ok(Counts {
+                        total: g(0)?,
+                        completed: g(1)?,
+                        failed: g(2)?,
+                        unfinished: g(3)?,
+                    })
                 },
-            )
-        })
-    }
-
-    /// Whether batch `id` has a line queued or running (an index seek, called per finished line).
-    pub fn unfinished(&self, id: &str) -> Result<bool> {
-        self.with(|c| {
-            c.query_row(
-                "SELECT EXISTS(SELECT 1 FROM jobs WHERE batch = ?1 AND state IN ('queued','running'))",
-                [id],
-                |r| r.get(0),
             )
         })
     }
@@ -558,19 +512,20 @@ mod tests {
     fn reads_are_per_tenant_and_a_crash_requeues_what_was_running() {
         let dir = std::env::temp_dir().join(format!("fg-store-{:x}", rand::random::<u64>()));
         let path = dir.with_extension("sqlite");
-        let s = Store::open(&path).unwrap();
+        let s = Sqlite::open(&path).unwrap();
         s.insert("a", &[job("j1"), job("j2")], None).unwrap();
         assert!(s.job("a", "j1").unwrap().is_some());
         assert!(s.job("b", "j1").unwrap().is_none(), "another tenant's id");
         assert_eq!(s.cancel("b", "j1").unwrap(), None);
         let claimed = s.claim("a", 1).unwrap();
         assert_eq!(claimed.len(), 1);
-        s.finish(&claimed[0].id, 200, None, b"ok").unwrap();
+        assert!(s.finish(&claimed[0].id, 200, None, b"ok").unwrap());
+        assert!(!s.finish(&claimed[0].id, 200, None, b"ok").unwrap(), "once");
         let running = s.claim("a", 5).unwrap();
         assert_eq!(running.len(), 1);
         drop(s);
         // Reopened: the finished job stays finished, the running one is queued again.
-        let s = Store::open(&path).unwrap();
+        let s = Sqlite::open(&path).unwrap();
         assert_eq!(
             s.job("a", &claimed[0].id).unwrap().unwrap().state,
             "completed"

@@ -1,0 +1,417 @@
+//! The job store: jobs (async requests and batch lines), files and batches, behind one
+//! [`Store`] with async methods and two backends:
+//!
+//! - [`sqlite`]: one embedded SQLite file (`[jobs] path`), a single replica. Every call runs on
+//!   tokio's blocking pool (`spawn_blocking`), never on an async worker thread.
+//! - [`redis`]: with `[cluster]`, the shared Redis of the replicas (`[jobs] path` is ignored).
+//!   Any replica answers any job; a claimed job holds a lease (`[jobs] lease_ms`, Redis time)
+//!   under a fencing token, renewed by its runner, reclaimed by any replica once expired.
+//!
+//! Invariants (both backends): every read by id filters on the tenant (another tenant's id
+//! reads as absent); a job moves `queued → running → completed | failed` (or `cancelled` from
+//! `queued`, or back to `queued` when its runner gave up or its lease expired); an answer is
+//! recorded only while the job is `running` under the token it was claimed with, so a late
+//! completion (a replica whose lease expired, a process that crashed) is discarded, never
+//! recorded twice; a batch is finalized (its output and error files written) by one
+//! compare-and-set on its status, exactly once whichever replica finishes its last line.
+
+pub mod redis;
+pub mod sqlite;
+
+use std::sync::Arc;
+
+pub use self::redis::{Redis, RedisStore};
+pub use sqlite::Sqlite;
+
+/// Why a store call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The SQLite file refused the call.
+    #[error("sqlite: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    /// Redis was unreachable, too slow, or refused the script (logged by the link).
+    #[error("the shared job store (Redis) did not answer")]
+    Redis,
+    /// A reply of an unexpected shape (a script and its caller disagree).
+    #[error("the shared job store answered in an unexpected shape")]
+    Shape,
+    /// A tenant limit checked inside the store (Redis: atomically, cluster-wide).
+    #[error("{what} limit reached ({limit})")]
+    Limit {
+        /// Which limit.
+        what: &'static str,
+        /// Its value.
+        limit: u64,
+    },
+    /// The blocking task running the call panicked or was cancelled.
+    #[error("job store task failed")]
+    Task,
+}
+
+/// Store results.
+pub type Result<T> = std::result::Result<T, StoreError>;
+
+/// States a job can be in.
+pub mod state {
+    /// Waiting for a runner.
+    pub const QUEUED: &str = "queued";
+    /// Claimed by a runner and sent through the stack.
+    pub const RUNNING: &str = "running";
+    /// Answered 2xx.
+    pub const COMPLETED: &str = "completed";
+    /// Answered anything else.
+    pub const FAILED: &str = "failed";
+    /// Cancelled before it ran.
+    pub const CANCELLED: &str = "cancelled";
+}
+
+/// A job to insert.
+#[derive(Debug, Clone)]
+pub struct NewJob {
+    /// Its id.
+    pub id: String,
+    /// Batch and line (0-based) and custom id, for a batch line.
+    pub batch: Option<(String, u32, String)>,
+    /// `POST`.
+    pub method: String,
+    /// The proxied path.
+    pub path: String,
+    /// The JSON body.
+    pub body: Vec<u8>,
+}
+
+/// A stored job.
+#[derive(Debug, Clone)]
+pub struct Job {
+    /// Its state (see [`state`]).
+    pub state: String,
+    /// The answer's status, once finished.
+    pub status: Option<u16>,
+    /// The answer's content type.
+    pub resp_type: Option<String>,
+    /// The answer's body.
+    pub response: Option<Vec<u8>>,
+}
+
+/// A job a runner has claimed.
+#[derive(Debug, Clone)]
+pub struct Claimed {
+    /// Its id.
+    pub id: String,
+    /// The fencing token of this claim (SQLite: 0, one process owns every claim).
+    pub token: u64,
+    /// Its tenant.
+    pub tenant: String,
+    /// Its batch, if a batch line.
+    pub batch: Option<String>,
+    /// Method.
+    pub method: String,
+    /// Path.
+    pub path: String,
+    /// Body.
+    pub body: Vec<u8>,
+}
+
+/// A stored file's metadata.
+#[derive(Debug, Clone)]
+pub struct File {
+    /// Id.
+    pub id: String,
+    /// Purpose.
+    pub purpose: String,
+    /// Name.
+    pub filename: String,
+    /// Size.
+    pub bytes: u64,
+    /// Created (unix seconds).
+    pub created: u64,
+}
+
+/// A batch line's outcome, for the output and error files.
+#[derive(Debug, Clone)]
+pub struct Line {
+    /// Job id.
+    pub id: String,
+    /// The client's `custom_id`.
+    pub custom_id: String,
+    /// State.
+    pub state: String,
+    /// Status.
+    pub status: Option<u16>,
+    /// Body.
+    pub response: Option<Vec<u8>>,
+}
+
+/// A batch's line counts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// Lines.
+    pub total: u64,
+    /// Answered 2xx.
+    pub completed: u64,
+    /// Answered otherwise.
+    pub failed: u64,
+    /// Queued or running.
+    pub unfinished: u64,
+}
+
+/// Unix seconds now (this replica's clock: creation and retention stamps only; leases use
+/// Redis time).
+pub fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// The store: one of the two backends.
+#[derive(Debug, Clone)]
+pub enum Store {
+    /// The embedded SQLite file.
+    Sqlite(Arc<Sqlite>),
+    /// The cluster's Redis.
+    Redis(RedisStore),
+}
+
+/// Runs `f` on the SQLite store on the blocking pool.
+async fn blocking<T: Send + 'static>(
+    s: &Arc<Sqlite>,
+    f: impl FnOnce(&Sqlite) -> rusqlite::Result<T> + Send + 'static,
+) -> Result<T> {
+    let s = s.clone();
+    match tokio::task::spawn_blocking(move || f(&s)).await {
+        Ok(r) => r.map_err(StoreError::from),
+        Err(_) => Err(StoreError::Task),
+    }
+}
+
+/// Dispatches one call to the backend: `$s` is bound to the SQLite store (inside a blocking
+/// task, arguments moved in) or to the Redis store.
+macro_rules! dispatch {
+    ($self:ident, |$s:ident| $sq:expr, |$r:ident| $re:expr) => {
+        match $self {
+            Store::Sqlite(db) => blocking(db, move |$s| $sq).await,
+            Store::Redis($r) => $re.await,
+        }
+    };
+}
+
+impl Store {
+    /// (jobs queued or running, bytes stored) of `tenant`.
+    pub async fn usage(&self, tenant: &str) -> Result<(u64, u64)> {
+        let t = tenant.to_owned();
+        dispatch!(self, |s| s.usage(&t), |r| r.usage(tenant))
+    }
+
+    /// Inserts `jobs` of `tenant` at once, and the batch `(id, doc)` if any.
+    pub async fn insert(
+        &self,
+        tenant: &str,
+        jobs: Vec<NewJob>,
+        batch: Option<(String, String)>,
+    ) -> Result<()> {
+        let t = tenant.to_owned();
+        match self {
+            Store::Sqlite(db) => {
+                blocking(db, move |s| {
+                    let b = batch.as_ref().map(|(i, d)| (i.as_str(), d.as_str()));
+                    s.insert(&t, &jobs, b)
+                })
+                .await
+            }
+            Store::Redis(r) => r.insert(tenant, &jobs, batch).await,
+        }
+    }
+
+    /// The job `id` of `tenant` (not a batch line).
+    pub async fn job(&self, tenant: &str, id: &str) -> Result<Option<Job>> {
+        let (t, i) = (tenant.to_owned(), id.to_owned());
+        dispatch!(self, |s| s.job(&t, &i), |r| r.job(tenant, id))
+    }
+
+    /// Cancels the queued job `id` of `tenant`; its state after (`None`: no such job).
+    pub async fn cancel(&self, tenant: &str, id: &str) -> Result<Option<String>> {
+        let (t, i) = (tenant.to_owned(), id.to_owned());
+        dispatch!(self, |s| s.cancel(&t, &i), |r| r.cancel(tenant, id))
+    }
+
+    /// Tenants with queued jobs.
+    pub async fn queued_tenants(&self) -> Result<Vec<String>> {
+        dispatch!(self, |s| s.queued_tenants(), |r| r.queued_tenants())
+    }
+
+    /// Claims up to `n` of `tenant`'s oldest queued jobs (each now `running` under a token).
+    pub async fn claim(&self, tenant: &str, n: usize) -> Result<Vec<Claimed>> {
+        let t = tenant.to_owned();
+        dispatch!(self, |s| s.claim(&t, n), |r| r.claim(tenant, n))
+    }
+
+    /// Extends the leases of the running `(id, token)` claims; how many were no longer held
+    /// (SQLite: claims hold until the process ends, 0).
+    pub async fn renew(&self, claims: &[(String, u64)]) -> Result<usize> {
+        match self {
+            Store::Sqlite(_) => Ok(0),
+            Store::Redis(r) => r.renew(claims).await,
+        }
+    }
+
+    /// Queues again the jobs whose lease expired (their replica died or stalled); how many
+    /// (SQLite: done once at open, 0).
+    pub async fn reclaim(&self) -> Result<usize> {
+        match self {
+            Store::Sqlite(_) => Ok(0),
+            Store::Redis(r) => r.reclaim().await,
+        }
+    }
+
+    /// Puts the job `id`, running under `token`, back in the queue (a transient refusal).
+    pub async fn requeue(&self, id: &str, token: u64) -> Result<()> {
+        let i = id.to_owned();
+        dispatch!(self, |s| s.requeue(&i), |r| r.requeue(id, token))
+    }
+
+    /// Records the answer of job `id` if it is still running under `token`; whether it was
+    /// recorded (`false`: a late completion, discarded).
+    pub async fn finish(
+        &self,
+        id: &str,
+        token: u64,
+        status: u16,
+        resp_type: Option<&str>,
+        body: &[u8],
+    ) -> Result<bool> {
+        match self {
+            Store::Sqlite(db) => {
+                let (i, t, b) = (id.to_owned(), resp_type.map(str::to_owned), body.to_vec());
+                blocking(db, move |s| s.finish(&i, status, t.as_deref(), &b)).await
+            }
+            Store::Redis(r) => r.finish(id, token, status, resp_type, body).await,
+        }
+    }
+
+    /// Stores a file of `tenant`.
+    pub async fn insert_file(&self, tenant: &str, f: &File, content: &[u8]) -> Result<()> {
+        match self {
+            Store::Sqlite(db) => {
+                let (t, f, c) = (tenant.to_owned(), f.clone(), content.to_vec());
+                blocking(db, move |s| s.insert_file(&t, &f, &c)).await
+            }
+            Store::Redis(r) => r.insert_file(tenant, f, content).await,
+        }
+    }
+
+    /// The file `id` of `tenant`.
+    pub async fn file(&self, tenant: &str, id: &str) -> Result<Option<File>> {
+        let (t, i) = (tenant.to_owned(), id.to_owned());
+        dispatch!(self, |s| s.file(&t, &i), |r| r.file(tenant, id))
+    }
+
+    /// The content of file `id` of `tenant`.
+    pub async fn file_content(&self, tenant: &str, id: &str) -> Result<Option<Vec<u8>>> {
+        let (t, i) = (tenant.to_owned(), id.to_owned());
+        dispatch!(self, |s| s.file_content(&t, &i), |r| r
+            .file_content(tenant, id))
+    }
+
+    /// Deletes file `id` of `tenant`; whether it existed.
+    pub async fn delete_file(&self, tenant: &str, id: &str) -> Result<bool> {
+        let (t, i) = (tenant.to_owned(), id.to_owned());
+        dispatch!(self, |s| s.delete_file(&t, &i), |r| r
+            .delete_file(tenant, id))
+    }
+
+    /// The batch document `id` of `tenant`.
+    pub async fn batch(&self, tenant: &str, id: &str) -> Result<Option<String>> {
+        let (t, i) = (tenant.to_owned(), id.to_owned());
+        dispatch!(self, |s| s.batch(&t, &i), |r| r.batch(tenant, id))
+    }
+
+    /// Batch documents of `tenant`, newest first, after the batch `after`, at most `limit`.
+    pub async fn batches(
+        &self,
+        tenant: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<String>> {
+        let (t, a) = (tenant.to_owned(), after.map(str::to_owned));
+        dispatch!(self, |s| s.batches(&t, a.as_deref(), limit), |r| r
+            .batches(tenant, after, limit))
+    }
+
+    /// Moves batch `id` of `tenant` from `in_progress` to `cancelling` (document `doc`) and
+    /// cancels its queued lines, at once; whether it was in progress.
+    pub async fn cancel_batch(&self, tenant: &str, id: &str, doc: &str) -> Result<bool> {
+        let (t, i, d) = (tenant.to_owned(), id.to_owned(), doc.to_owned());
+        dispatch!(self, |s| s.cancel_batch(&t, &i, &d), |r| r
+            .cancel_batch(tenant, id, doc))
+    }
+
+    /// Stores a batch that failed validation (no lines).
+    pub async fn insert_failed_batch(&self, tenant: &str, id: &str, doc: &str) -> Result<()> {
+        let (t, i, d) = (tenant.to_owned(), id.to_owned(), doc.to_owned());
+        dispatch!(self, |s| s.insert_failed_batch(&t, &i, &d), |r| r
+            .insert_failed_batch(tenant, id, doc))
+    }
+
+    /// The line counts of batch `id`.
+    pub async fn counts(&self, id: &str) -> Result<Counts> {
+        let i = id.to_owned();
+        dispatch!(self, |s| s.counts(&i), |r| r.counts(id))
+    }
+
+    /// The lines of batch `id` in input order.
+    pub async fn lines(&self, id: &str) -> Result<Vec<Line>> {
+        let i = id.to_owned();
+        dispatch!(self, |s| s.lines(&i), |r| r.lines(id))
+    }
+
+    /// The tenant of batch `id`.
+    pub async fn batch_tenant(&self, id: &str) -> Result<Option<String>> {
+        let i = id.to_owned();
+        dispatch!(self, |s| s.batch_tenant(&i), |r| r.batch_tenant(id))
+    }
+
+    /// Batches not yet in a final status.
+    pub async fn open_batches(&self) -> Result<Vec<String>> {
+        dispatch!(self, |s| s.open_batches(), |r| r.open_batches())
+    }
+
+    /// Finalizes batch `id` if its status is still `expected` and no line is unfinished: stores
+    /// `files` (of the batch's tenant) and the final `doc` with `status`, atomically; whether
+    /// this call did it (`false`: another call or replica did, or a line is unfinished).
+    pub async fn finalize(
+        &self,
+        id: &str,
+        expected: &str,
+        doc: &str,
+        status: &str,
+        files: Vec<(File, Vec<u8>)>,
+    ) -> Result<bool> {
+        match self {
+            Store::Sqlite(db) => {
+                let (i, e, d, st) = (
+                    id.to_owned(),
+                    expected.to_owned(),
+                    doc.to_owned(),
+                    status.to_owned(),
+                );
+                blocking(db, move |s| s.finalize(&i, &e, &d, &st, &files)).await
+            }
+            Store::Redis(r) => r.finalize(id, expected, doc, status, &files).await,
+        }
+    }
+
+    /// Deletes what finished (files: were created) before `before` (unix seconds).
+    pub async fn cleanup(&self, before: u64) -> Result<usize> {
+        dispatch!(self, |s| s.cleanup(before), |r| r.cleanup(before))
+    }
+
+    /// Seconds the oldest queued job has waited (0: none queued).
+    pub async fn oldest_queued(&self) -> Result<u64> {
+        dispatch!(self, |s| s.oldest_queued(), |r| r.oldest_queued())
+    }
+
+    /// Jobs by (tenant, state), for `fairgate_jobs`.
+    pub async fn states(&self) -> Result<Vec<(String, String, u64)>> {
+        dispatch!(self, |s| s.states(), |r| r.states())
+    }
+}

@@ -1,0 +1,462 @@
+//! The Redis backend (with `[cluster]`): jobs, files and batches in the replicas' shared Redis,
+//! so any replica answers any job and runs any queued line.
+//!
+//! A claim moves a job from its tenant's queue to the running set with a fresh fencing token
+//! (a counter) and a lease expiring at Redis time + `[jobs] lease_ms`; the claiming runner
+//! renews its leases every `lease_ms / 3`; any replica's runner queues again the jobs whose
+//! lease expired (their replica died, stalled, or lost Redis). An answer is recorded only
+//! while the job is running under the token it was claimed with and that claim's lease has
+//! not expired: a late completion from a replica whose lease expired is discarded (and
+//! counted, `fairgate_jobs_late_total`), never recorded twice.
+//!
+//! Invariants: every multi-key update is one Lua script ([`scripts`]), using Redis `TIME` for
+//! leases (never a replica's clock); the per-tenant counters behind
+//! `max_queued_jobs_per_tenant` and `max_stored_bytes_per_tenant` live in Redis and are checked
+//! inside the inserting script, so the limits hold across replicas; a batch is finalized by
+//! one compare-and-set on its status. The store reaches Redis only through [`Redis`] (the
+//! cluster's link implements it), so this stage imports nothing from `cluster`.
+//!
+//! Durability is Redis's: what Redis loses on a crash (without AOF `appendfsync always`, the
+//! last second or the writes since the last RDB snapshot) jobs lose too; see the README.
+
+pub mod scripts;
+#[cfg(test)]
+mod tests;
+
+use std::fmt::Debug;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use redis::{Script, ScriptInvocation, Value};
+
+use super::{now, state, Claimed, Counts, File, Job, Line, NewJob, Result, StoreError};
+
+/// Reclaimed jobs per call (a dead replica's claims come back over a few ticks).
+const RECLAIM_BATCH: usize = 1000;
+
+/// Retention entries deleted per cleanup script.
+const CLEANUP_BATCH: usize = 1000;
+
+/// Cleanup scripts per housekeeping round (once a minute per replica): up to 100,000 entries.
+const CLEANUP_STEPS: usize = 100;
+
+/// A connection to Redis that runs scripts (implemented by `cluster::Link`, with its timeouts
+/// and degraded mode).
+pub trait Redis: Send + Sync + Debug {
+    /// A key under the cluster's hash-tagged prefix.
+    fn key(&self, parts: &[&str]) -> String;
+    /// Runs a script; `None` when Redis did not answer or refused (the link logs why).
+    fn eval<'a>(
+        &'a self,
+        inv: &'a ScriptInvocation<'a>,
+    ) -> Pin<Box<dyn Future<Output = Option<Value>> + Send + 'a>>;
+}
+
+/// The Redis job store (cheap to clone).
+#[derive(Debug, Clone)]
+pub struct RedisStore {
+    redis: Arc<dyn Redis>,
+    base: String,
+    lease_ms: u64,
+    max_jobs: u64,
+    max_bytes: u64,
+}
+
+/// One script argument.
+fn a(v: impl ToString) -> Vec<u8> {
+    v.to_string().into_bytes()
+}
+
+fn int(v: &Value) -> Option<i64> {
+    match v {
+        Value::Int(i) => Some(*i),
+        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
+        Value::SimpleString(s) => s.parse().ok(),
+        _ => None,
+    }
+}
+
+fn uint(v: &Value) -> u64 {
+    int(v).unwrap_or(0).max(0) as u64
+}
+
+fn bytes(v: Value) -> Option<Vec<u8>> {
+    match v {
+        Value::BulkString(b) => Some(b),
+        Value::SimpleString(s) => Some(s.into_bytes()),
+        _ => None,
+    }
+}
+
+fn string(v: Value) -> Option<String> {
+    bytes(v).and_then(|b| String::from_utf8(b).ok())
+}
+
+/// A string that is absent when empty (the scripts store `None` as '').
+fn opt(v: Value) -> Option<String> {
+    string(v).filter(|s| !s.is_empty())
+}
+
+fn array(v: Value) -> Result<Vec<Value>> {
+    match v {
+        Value::Array(a) => Ok(a),
+        Value::Nil => Ok(Vec::new()),
+        _ => Err(StoreError::Shape),
+    }
+}
+
+/// The `n` fields of an array reply (missing ones `Nil`).
+fn fields<const N: usize>(v: Value) -> Result<[Value; N]> {
+    let mut a = array(v)?;
+    a.resize(N, Value::Nil);
+    a.try_into().map_err(|_| StoreError::Shape)
+}
+
+fn strings(v: Value) -> Result<Vec<String>> {
+    Ok(array(v)?.into_iter().filter_map(string).collect())
+}
+
+impl RedisStore {
+    /// The store on `redis` (keys under `{prefix}:jobs`), leases of `lease_ms`, the tenant
+    /// limits of `config`.
+    pub fn new(redis: Arc<dyn Redis>, config: &crate::config::JobsConfig) -> Self {
+        let base = redis.key(&["jobs"]);
+        Self {
+            redis,
+            base,
+            lease_ms: config.lease_ms,
+            max_jobs: config.max_queued_jobs_per_tenant,
+            max_bytes: config.max_stored_bytes_per_tenant,
+        }
+    }
+
+    async fn call(&self, script: &Script, args: &[Vec<u8>]) -> Result<Value> {
+        let mut inv = script.key(&self.base);
+        for arg in args {
+            inv.arg(arg.as_slice());
+        }
+        self.redis.eval(&inv).await.ok_or(StoreError::Redis)
+    }
+
+    pub(super) async fn usage(&self, tenant: &str) -> Result<(u64, u64)> {
+        let [n, b] = fields(self.call(&scripts::USAGE, &[a(tenant)]).await?)?;
+        Ok((uint(&n), uint(&b)))
+    }
+
+    pub(super) async fn insert(
+        &self,
+        tenant: &str,
+        jobs: &[NewJob],
+        batch: Option<(String, String)>,
+    ) -> Result<()> {
+        let (bid, doc) = batch.unwrap_or_default();
+        let mut args = vec![
+            a(tenant),
+            a(now()),
+            a(bid),
+            a(doc),
+            a(self.max_jobs),
+            a(self.max_bytes),
+        ];
+        for j in jobs {
+            let (line, cid) = match &j.batch {
+                Some((_, l, cid)) => (a(l), a(cid)),
+                None => (Vec::new(), Vec::new()),
+            };
+            args.extend([
+                a(&j.id),
+                line,
+                cid,
+                a(&j.method),
+                a(&j.path),
+                j.body.clone(),
+            ]);
+        }
+        match int(&self.call(&scripts::INSERT, &args).await?) {
+            Some(-1) => Err(StoreError::Limit {
+                what: "queued jobs (max_queued_jobs_per_tenant)",
+                limit: self.max_jobs,
+            }),
+            Some(-2) => Err(StoreError::Limit {
+                what: "stored bytes (max_stored_bytes_per_tenant)",
+                limit: self.max_bytes,
+            }),
+            Some(_) => Ok(()),
+            None => Err(StoreError::Shape),
+        }
+    }
+
+    pub(super) async fn job(&self, tenant: &str, id: &str) -> Result<Option<Job>> {
+        let v = self.call(&scripts::JOB, &[a(tenant), a(id)]).await?;
+        if v == Value::Nil {
+            return Ok(None);
+        }
+        let [state, status, resp_type, response] = fields(v)?;
+        Ok(Some(Job {
+            state: string(state).ok_or(StoreError::Shape)?,
+            status: int(&status).map(|s| s as u16),
+            resp_type: opt(resp_type),
+            response: bytes(response),
+        }))
+    }
+
+    pub(super) async fn cancel(&self, tenant: &str, id: &str) -> Result<Option<String>> {
+        let args = [a(tenant), a(id), a(now())];
+        Ok(string(self.call(&scripts::CANCEL, &args).await?))
+    }
+
+    pub(super) async fn queued_tenants(&self) -> Result<Vec<String>> {
+        strings(self.call(&scripts::TENANTS, &[]).await?)
+    }
+
+    pub(super) async fn claim(&self, tenant: &str, n: usize) -> Result<Vec<Claimed>> {
+        let args = [a(tenant), a(n), a(self.lease_ms)];
+        let rows = array(self.call(&scripts::CLAIM, &args).await?)?;
+        rows.into_iter()
+            .map(|row| {
+                let [id, token, batch, method, path, body] = fields(row)?;
+                Ok(Claimed {
+                    id: string(id).ok_or(StoreError::Shape)?,
+                    token: uint(&token),
+                    tenant: tenant.to_owned(),
+                    batch: opt(batch),
+                    method: string(method).ok_or(StoreError::Shape)?,
+                    path: string(path).ok_or(StoreError::Shape)?,
+                    body: bytes(body).unwrap_or_default(),
+                })
+            })
+            .collect()
+    }
+
+    pub(super) async fn renew(&self, claims: &[(String, u64)]) -> Result<usize> {
+        if claims.is_empty() {
+            return Ok(0);
+        }
+        let mut args = vec![a(self.lease_ms)];
+        for (id, token) in claims {
+            args.extend([a(id), a(token)]);
+        }
+        Ok(uint(&self.call(&scripts::RENEW, &args).await?) as usize)
+    }
+
+    pub(super) async fn reclaim(&self) -> Result<usize> {
+        let v = self.call(&scripts::RECLAIM, &[a(RECLAIM_BATCH)]).await?;
+        Ok(uint(&v) as usize)
+    }
+
+    pub(super) async fn requeue(&self, id: &str, token: u64) -> Result<()> {
+        self.call(&scripts::REQUEUE, &[a(id), a(token)]).await?;
+        Ok(())
+    }
+
+    pub(super) async fn finish(
+        &self,
+        id: &str,
+        token: u64,
+        status: u16,
+        resp_type: Option<&str>,
+        body: &[u8],
+    ) -> Result<bool> {
+        let st = if (200..300).contains(&status) {
+            state::COMPLETED
+        } else {
+            state::FAILED
+        };
+        let args = [
+            a(id),
+            a(token),
+            a(status),
+            a(st),
+            a(resp_type.unwrap_or("")),
+            body.to_vec(),
+            a(now()),
+        ];
+        Ok(int(&self.call(&scripts::FINISH, &args).await?) == Some(1))
+    }
+
+    pub(super) async fn insert_file(&self, tenant: &str, f: &File, content: &[u8]) -> Result<()> {
+        let args = [
+            a(tenant),
+            a(&f.id),
+            a(&f.purpose),
+            a(&f.filename),
+            a(f.bytes),
+            a(f.created),
+            content.to_vec(),
+            a(self.max_bytes),
+        ];
+        match int(&self.call(&scripts::FILE_PUT, &args).await?) {
+            Some(-2) => Err(StoreError::Limit {
+                what: "stored bytes (max_stored_bytes_per_tenant)",
+                limit: self.max_bytes,
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    pub(super) async fn file(&self, tenant: &str, id: &str) -> Result<Option<File>> {
+        let v = self
+            .call(&scripts::FILE_GET, &[a(tenant), a(id), a(0)])
+            .await?;
+        if v == Value::Nil {
+            return Ok(None);
+        }
+        let [purpose, filename, size, created] = fields(v)?;
+        Ok(Some(File {
+            id: id.to_owned(),
+            purpose: string(purpose).unwrap_or_default(),
+            filename: string(filename).unwrap_or_default(),
+            bytes: uint(&size),
+            created: uint(&created),
+        }))
+    }
+
+    pub(super) async fn file_content(&self, tenant: &str, id: &str) -> Result<Option<Vec<u8>>> {
+        let v = self
+            .call(&scripts::FILE_GET, &[a(tenant), a(id), a(1)])
+            .await?;
+        if v == Value::Nil {
+            return Ok(None);
+        }
+        let [content] = fields(v)?;
+        Ok(Some(bytes(content).unwrap_or_default()))
+    }
+
+    pub(super) async fn delete_file(&self, tenant: &str, id: &str) -> Result<bool> {
+        let v = self
+            .call(&scripts::FILE_DELETE, &[a(tenant), a(id)])
+            .await?;
+        Ok(int(&v) == Some(1))
+    }
+
+    pub(super) async fn batch(&self, tenant: &str, id: &str) -> Result<Option<String>> {
+        Ok(string(
+            self.call(&scripts::BATCH, &[a(tenant), a(id)]).await?,
+        ))
+    }
+
+    pub(super) async fn batch_tenant(&self, id: &str) -> Result<Option<String>> {
+        Ok(string(self.call(&scripts::BATCH, &[a(""), a(id)]).await?))
+    }
+
+    pub(super) async fn batches(
+        &self,
+        tenant: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<String>> {
+        let args = [a(tenant), a(after.unwrap_or("")), a(limit)];
+        strings(self.call(&scripts::BATCHES, &args).await?)
+    }
+
+    pub(super) async fn cancel_batch(&self, tenant: &str, id: &str, doc: &str) -> Result<bool> {
+        let args = [a(tenant), a(id), a(doc), a(now())];
+        Ok(int(&self.call(&scripts::BATCH_CANCEL, &args).await?) == Some(1))
+    }
+
+    pub(super) async fn insert_failed_batch(
+        &self,
+        tenant: &str,
+        id: &str,
+        doc: &str,
+    ) -> Result<()> {
+        let args = [a(tenant), a(id), a(doc), a(now())];
+        self.call(&scripts::BATCH_FAILED, &args).await?;
+        Ok(())
+    }
+
+    pub(super) async fn counts(&self, id: &str) -> Result<Counts> {
+        let [total, completed, failed, unfinished] =
+            fields(self.call(&scripts::COUNTS, &[a(id)]).await?)?;
+        Ok(Counts {
+            total: uint(&total),
+            completed: uint(&completed),
+            failed: uint(&failed),
+            unfinished: uint(&unfinished),
+        })
+    }
+
+    pub(super) async fn lines(&self, id: &str) -> Result<Vec<Line>> {
+        let rows = array(self.call(&scripts::LINES, &[a(id)]).await?)?;
+        rows.into_iter()
+            .map(|row| {
+                let [id, custom_id, state, status, response] = fields(row)?;
+                Ok(Line {
+                    id: string(id).ok_or(StoreError::Shape)?,
+                    custom_id: string(custom_id).unwrap_or_default(),
+                    state: string(state).unwrap_or_default(),
+                    status: int(&status).map(|s| s as u16),
+                    response: bytes(response),
+                })
+            })
+            .collect()
+    }
+
+    pub(super) async fn open_batches(&self) -> Result<Vec<String>> {
+        strings(self.call(&scripts::OPEN, &[]).await?)
+    }
+
+    pub(super) async fn finalize(
+        &self,
+        id: &str,
+        expected: &str,
+        doc: &str,
+        status: &str,
+        files: &[(File, Vec<u8>)],
+    ) -> Result<bool> {
+        let mut args = vec![a(id), a(expected), a(doc), a(status), a(now())];
+        for (f, content) in files {
+            args.extend([
+                a(&f.id),
+                a(&f.purpose),
+                a(&f.filename),
+                a(f.bytes),
+                a(f.created),
+                content.clone(),
+            ]);
+        }
+        Ok(int(&self.call(&scripts::FINALIZE, &args).await?) == Some(1))
+    }
+
+    /// Deletes in steps of [`CLEANUP_BATCH`] (each step one short script, so Redis is never
+    /// blocked long), at most [`CLEANUP_STEPS`] steps a call.
+    pub(super) async fn cleanup(&self, before: u64) -> Result<usize> {
+        let mut total = 0;
+        for _ in 0..CLEANUP_STEPS {
+            let v = self
+                .call(&scripts::CLEANUP, &[a(before), a(CLEANUP_BATCH)])
+                .await?;
+            let n = uint(&v) as usize;
+            total += n;
+            if n < CLEANUP_BATCH {
+                break;
+            }
+        }
+        Ok(total)
+    }
+
+    pub(super) async fn oldest_queued(&self) -> Result<u64> {
+        let v = self.call(&scripts::OLDEST, &[]).await?;
+        Ok(int(&v).map_or(0, |t| now().saturating_sub(t.max(0) as u64)))
+    }
+
+    pub(super) async fn states(&self) -> Result<Vec<(String, String, u64)>> {
+        let flat = array(self.call(&scripts::STATES, &[]).await?)?;
+        let mut out = Vec::new();
+        let mut it = flat.into_iter();
+        while let (Some(k), Some(n)) = (it.next(), it.next()) {
+            let n = uint(&n);
+            let Some((tenant, st)) = string(k).and_then(|k| {
+                k.split_once('\n')
+                    .map(|(t, s)| (t.to_owned(), s.to_owned()))
+            }) else {
+                continue;
+            };
+            if n > 0 {
+                out.push((tenant, st, n));
+            }
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,482 @@
+//! The Lua scripts of the Redis job store: every update that touches more than one key is one
+//! script, so it is atomic. `KEYS[1]` is the store's base key (`{prefix}:jobs`, hash-tagged:
+//! every key below shares its slot); the keys a script touches are built from it:
+//!
+//! - `:j:ID` (hash): a job — tenant, batch, line, custom_id, method, path, body, state, seq,
+//!   created, attempt, token (while running), status, resp_type, response, finished;
+//! - `:q:TENANT` (zset): the tenant's queued job ids by `seq` (insertion order);
+//! - `:tenants` (set): tenants with a queued job;
+//! - `:run` (zset): running job ids by lease expiry (ms, Redis `TIME`);
+//! - `:tok`, `:seq` (counters): fencing tokens, insertion order;
+//! - `:u:TENANT` (hash): `n` jobs queued or running, `b` bytes stored (limits hold
+//!   cluster-wide);
+//! - `:f:ID` (hash): a file — tenant, purpose, filename, bytes, created, content;
+//! - `:b:ID` (hash), `:bl:ID` (list): a batch — tenant, doc, status, total, completed, failed,
+//!   unfinished — and its job ids in line order;
+//! - `:bt:TENANT` (zset): the tenant's batch ids by creation;
+//! - `:open` (set): batches not in a final status;
+//! - `:exp` (zset): `j:ID`, `b:ID`, `f:ID` by finish (files: creation) time, for retention;
+//! - `:age` (zset): queued job ids by creation time (oldest queued);
+//! - `:st` (hash): `TENANT\nSTATE` → jobs (`fairgate_jobs`).
+//!
+//! The scripts declare only `KEYS[1]` and build the others from it: every one shares its hash
+//! tag, so they all live in one slot of a Redis Cluster too.
+
+use std::sync::LazyLock;
+
+use redis::Script;
+
+/// Helpers every script starts with.
+const PRELUDE: &str = r"
+local K = KEYS[1]
+local function st(tenant, from, to, n)
+  n = n or 1
+  if from then redis.call('HINCRBY', K..':st', tenant..'\n'..from, -n) end
+  if to then redis.call('HINCRBY', K..':st', tenant..'\n'..to, n) end
+end
+local function nowms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function enqueue(id, j, tenant)
+  redis.call('ZADD', K..':q:'..tenant, redis.call('HGET', j, 'seq'), id)
+  redis.call('SADD', K..':tenants', tenant)
+  redis.call('ZADD', K..':age', redis.call('HGET', j, 'created'), id)
+end
+local function unqueue(id, tenant)
+  redis.call('ZREM', K..':q:'..tenant, id)
+  redis.call('ZREM', K..':age', id)
+end
+";
+
+fn script(body: &str) -> Script {
+    Script::new(&format!("{PRELUDE}{body}"))
+}
+
+/// ARGV: tenant, now, batch id or '', batch doc, max jobs, max bytes, then per job: id, line,
+/// custom_id, method, path, body. → jobs inserted, or -1 (jobs limit), -2 (bytes limit).
+pub static INSERT: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r"
+local tenant, now, bid = ARGV[1], ARGV[2], ARGV[3]
+local u = K..':u:'..tenant
+local n, bytes = 0, 0
+for i = 7, #ARGV, 6 do
+  n = n + 1
+  bytes = bytes + string.len(ARGV[i + 5])
+end
+local have = redis.call('HMGET', u, 'n', 'b')
+if (tonumber(have[1]) or 0) + n > tonumber(ARGV[5]) then return -1 end
+if (tonumber(have[2]) or 0) + bytes > tonumber(ARGV[6]) then return -2 end
+if bid ~= '' then
+  redis.call('HSET', K..':b:'..bid, 'tenant', tenant, 'doc', ARGV[4], 'status', 'in_progress',
+    'created', now, 'total', n, 'completed', 0, 'failed', 0, 'unfinished', n)
+  redis.call('ZADD', K..':bt:'..tenant, redis.call('INCR', K..':seq'), bid)
+  redis.call('SADD', K..':open', bid)
+end
+for i = 7, #ARGV, 6 do
+  local id = ARGV[i]
+  local j = K..':j:'..id
+  redis.call('HSET', j, 'tenant', tenant, 'batch', bid, 'line', ARGV[i + 1],
+    'custom_id', ARGV[i + 2], 'method', ARGV[i + 3], 'path', ARGV[i + 4], 'body', ARGV[i + 5],
+    'state', 'queued', 'created', now, 'seq', redis.call('INCR', K..':seq'), 'attempt', 0)
+  if bid ~= '' then redis.call('RPUSH', K..':bl:'..bid, id) end
+  enqueue(id, j, tenant)
+end
+redis.call('HINCRBY', u, 'n', n)
+redis.call('HINCRBY', u, 'b', bytes)
+st(tenant, nil, 'queued', n)
+return n
+",
+    )
+});
+
+/// ARGV: tenant → {jobs queued or running, bytes}.
+pub static USAGE: LazyLock<Script> =
+    LazyLock::new(|| script("return redis.call('HMGET', K..':u:'..ARGV[1], 'n', 'b')"));
+
+/// ARGV: tenant, id → {state, status, resp_type, response} of a job (not a batch line), or nil.
+pub static JOB: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r"
+local h = redis.call('HMGET', K..':j:'..ARGV[2], 'tenant', 'batch', 'state', 'status',
+  'resp_type', 'response')
+if h[1] ~= ARGV[1] or h[2] ~= '' then return false end
+return {h[3], h[4], h[5], h[6]}
+",
+    )
+});
+
+/// ARGV: tenant, id, now → the job's state after, or nil (no such job of this tenant).
+pub static CANCEL: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r"
+local tenant, id = ARGV[1], ARGV[2]
+local j = K..':j:'..id
+local h = redis.call('HMGET', j, 'tenant', 'batch', 'state')
+if h[1] ~= tenant or h[2] ~= '' then return false end
+if h[3] == 'queued' then
+  unqueue(id, tenant)
+  redis.call('HSET', j, 'state', 'cancelled', 'finished', ARGV[3])
+  redis.call('HINCRBY', K..':u:'..tenant, 'n', -1)
+  redis.call('ZADD', K..':exp', ARGV[3], 'j:'..id)
+  st(tenant, 'queued', 'cancelled')
+end
+return redis.call('HGET', j, 'state')
+",
+    )
+});
+
+/// → tenants with a queued job.
+pub static TENANTS: LazyLock<Script> =
+    LazyLock::new(|| script("return redis.call('SMEMBERS', K..':tenants')"));
+
+/// ARGV: tenant, n, lease_ms → {{id, token, batch, method, path, body}, …}: up to `n` of the
+/// tenant's oldest queued jobs, now running under a fresh token until Redis time + lease.
+pub static CLAIM: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r"
+local tenant = ARGV[1]
+local q = K..':q:'..tenant
+local ids = redis.call('ZRANGE', q, 0, tonumber(ARGV[2]) - 1)
+local exp = nowms() + tonumber(ARGV[3])
+local out = {}
+for _, id in ipairs(ids) do
+  unqueue(id, tenant)
+  local j = K..':j:'..id
+  local tok = redis.call('INCR', K..':tok')
+  redis.call('HSET', j, 'state', 'running', 'token', tok)
+  redis.call('ZADD', K..':run', exp, id)
+  st(tenant, 'queued', 'running')
+  local h = redis.call('HMGET', j, 'batch', 'method', 'path', 'body')
+  table.insert(out, {id, tok, h[1], h[2], h[3], h[4]})
+end
+if redis.call('ZCARD', q) == 0 then redis.call('SREM', K..':tenants', tenant) end
+return out
+",
+    )
+});
+
+/// ARGV: lease_ms, then id, token pairs → claims no longer held (not renewed).
+pub static RENEW: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r"
+local exp = nowms() + tonumber(ARGV[1])
+local lost = 0
+for i = 2, #ARGV, 2 do
+  local h = redis.call('HMGET', K..':j:'..ARGV[i], 'state', 'token')
+  if h[1] == 'running' and h[2] == ARGV[i + 1] then
+    redis.call('ZADD', K..':run', 'XX', exp, ARGV[i])
+  else
+    lost = lost + 1
+  end
+end
+return lost
+",
+    )
+});
+
+/// ARGV: max → jobs whose lease expired (Redis time), queued again (token dropped, attempt
+/// bumped): at most `max` a call.
+pub static RECLAIM: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r"
+local ids = redis.call('ZRANGEBYSCORE', K..':run', '-inf', nowms(), 'LIMIT', 0,
+  tonumber(ARGV[1]))
+local n = 0
+for _, id in ipairs(ids) do
+  redis.call('ZREM', K..':run', id)
+  local j = K..':j:'..id
+  local h = redis.call('HMGET', j, 'state', 'tenant')
+  if h[1] == 'running' then
+    redis.call('HSET', j, 'state', 'queued')
+    redis.call('HDEL', j, 'token')
+    redis.call('HINCRBY', j, 'attempt', 1)
+    enqueue(id, j, h[2])
+    st(h[2], 'running', 'queued')
+    n = n + 1
+  end
+end
+return n
+",
+    )
+});
+
+/// ARGV: id, token → 1 if the job ran under `token` and is queued again, else 0.
+pub static REQUEUE: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r"
+local j = K..':j:'..ARGV[1]
+local h = redis.call('HMGET', j, 'state', 'token', 'tenant')
+if h[1] ~= 'running' or h[2] ~= ARGV[2] then return 0 end
+redis.call('ZREM', K..':run', ARGV[1])
+redis.call('HSET', j, 'state', 'queued')
+redis.call('HDEL', j, 'token')
+enqueue(ARGV[1], j, h[3])
+st(h[3], 'running', 'queued')
+return 1
+",
+    )
+});
+
+/// ARGV: id, token, status, state, resp_type, body, now → 1 recorded, 0 discarded: the job is
+/// not running under `token` (it was reclaimed and claimed again, or it already finished), or
+/// its lease expired (Redis time) even if no replica reclaimed it yet.
+pub static FINISH: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r"
+local id = ARGV[1]
+local j = K..':j:'..id
+local h = redis.call('HMGET', j, 'state', 'token', 'tenant', 'batch')
+if h[1] ~= 'running' or h[2] ~= ARGV[2] then return 0 end
+local lease = redis.call('ZSCORE', K..':run', id)
+if not lease or tonumber(lease) <= nowms() then return 0 end
+redis.call('ZREM', K..':run', id)
+redis.call('HSET', j, 'state', ARGV[4], 'status', ARGV[3], 'resp_type', ARGV[5],
+  'response', ARGV[6], 'finished', ARGV[7])
+redis.call('HDEL', j, 'token')
+redis.call('HINCRBY', K..':u:'..h[3], 'n', -1)
+redis.call('HINCRBY', K..':u:'..h[3], 'b', string.len(ARGV[6]))
+st(h[3], 'running', ARGV[4])
+if h[4] == '' then
+  redis.call('ZADD', K..':exp', ARGV[7], 'j:'..id)
+else
+  local b = K..':b:'..h[4]
+  redis.call('HINCRBY', b, ARGV[4], 1)
+  redis.call('HINCRBY', b, 'unfinished', -1)
+end
+return 1
+",
+    )
+});
+
+/// ARGV: tenant, id, purpose, filename, bytes, created, content, max bytes → 1, or -2 (the
+/// tenant's bytes limit).
+pub static FILE_PUT: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r"
+local u = K..':u:'..ARGV[1]
+if (tonumber(redis.call('HGET', u, 'b')) or 0) + tonumber(ARGV[5]) > tonumber(ARGV[8]) then
+  return -2
+end
+redis.call('HSET', K..':f:'..ARGV[2], 'tenant', ARGV[1], 'purpose', ARGV[3],
+  'filename', ARGV[4], 'bytes', ARGV[5], 'created', ARGV[6], 'content', ARGV[7])
+redis.call('HINCRBY', u, 'b', ARGV[5])
+redis.call('ZADD', K..':exp', ARGV[6], 'f:'..ARGV[2])
+return 1
+",
+    )
+});
+
+/// ARGV: tenant, id, with content ('1' or '0') → {purpose, filename, bytes, created[, content]}
+/// or nil.
+pub static FILE_GET: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r"
+local f = K..':f:'..ARGV[2]
+if redis.call('HGET', f, 'tenant') ~= ARGV[1] then return false end
+if ARGV[3] == '1' then return {redis.call('HGET', f, 'content')} end
+return redis.call('HMGET', f, 'purpose', 'filename', 'bytes', 'created')
+",
+    )
+});
+
+/// ARGV: tenant, id → 1 deleted, 0 no such file of this tenant.
+pub static FILE_DELETE: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r"
+local f = K..':f:'..ARGV[2]
+local h = redis.call('HMGET', f, 'tenant', 'bytes')
+if h[1] ~= ARGV[1] then return 0 end
+redis.call('HINCRBY', K..':u:'..ARGV[1], 'b', -tonumber(h[2]))
+redis.call('ZREM', K..':exp', 'f:'..ARGV[2])
+redis.call('DEL', f)
+return 1
+",
+    )
+});
+
+/// ARGV: tenant or '' (any), id → the batch document (or its tenant when `tenant` is ''), or
+/// nil.
+pub static BATCH: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r"
+local h = redis.call('HMGET', K..':b:'..ARGV[2], 'tenant', 'doc')
+if not h[1] then return false end
+if ARGV[1] == '' then return h[1] end
+if h[1] ~= ARGV[1] then return false end
+return h[2]
+",
+    )
+});
+
+/// ARGV: tenant, after id or '', limit → batch documents, newest first.
+pub static BATCHES: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r"
+local z = K..':bt:'..ARGV[1]
+local max = '+inf'
+if ARGV[2] ~= '' then
+  local s = redis.call('ZSCORE', z, ARGV[2])
+  if not s then return {} end
+  max = '(' .. s
+end
+local out = {}
+for _, id in ipairs(redis.call('ZREVRANGEBYSCORE', z, max, '-inf', 'LIMIT', 0,
+    tonumber(ARGV[3]))) do
+  table.insert(out, redis.call('HGET', K..':b:'..id, 'doc'))
+end
+return out
+",
+    )
+});
+
+/// ARGV: tenant, id, doc, now → 1 if the batch went `in_progress` → `cancelling` (its queued
+/// lines cancelled), else 0.
+pub static BATCH_CANCEL: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r"
+local tenant, bid = ARGV[1], ARGV[2]
+local b = K..':b:'..bid
+local h = redis.call('HMGET', b, 'tenant', 'status')
+if h[1] ~= tenant or h[2] ~= 'in_progress' then return 0 end
+redis.call('HSET', b, 'doc', ARGV[3], 'status', 'cancelling')
+local n = 0
+for _, id in ipairs(redis.call('LRANGE', K..':bl:'..bid, 0, -1)) do
+  local j = K..':j:'..id
+  if redis.call('HGET', j, 'state') == 'queued' then
+    unqueue(id, tenant)
+    redis.call('HSET', j, 'state', 'cancelled', 'finished', ARGV[4])
+    n = n + 1
+  end
+end
+if redis.call('ZCARD', K..':q:'..tenant) == 0 then redis.call('SREM', K..':tenants', tenant) end
+redis.call('HINCRBY', b, 'unfinished', -n)
+redis.call('HINCRBY', K..':u:'..tenant, 'n', -n)
+st(tenant, 'queued', 'cancelled', n)
+return 1
+",
+    )
+});
+
+/// ARGV: tenant, id, doc, now → a batch that failed validation, stored final.
+pub static BATCH_FAILED: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r"
+redis.call('HSET', K..':b:'..ARGV[2], 'tenant', ARGV[1], 'doc', ARGV[3], 'status', 'failed',
+  'created', ARGV[4], 'finished', ARGV[4], 'total', 0, 'completed', 0, 'failed', 0,
+  'unfinished', 0)
+redis.call('ZADD', K..':bt:'..ARGV[1], redis.call('INCR', K..':seq'), ARGV[2])
+redis.call('ZADD', K..':exp', ARGV[4], 'b:'..ARGV[2])
+return 1
+",
+    )
+});
+
+/// ARGV: id → {total, completed, failed, unfinished}.
+pub static COUNTS: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        "return redis.call('HMGET', K..':b:'..ARGV[1], 'total', 'completed', 'failed', \
+         'unfinished')",
+    )
+});
+
+/// ARGV: id → {{job id, custom_id, state, status, response}, …} in line order.
+pub static LINES: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r"
+local out = {}
+for _, id in ipairs(redis.call('LRANGE', K..':bl:'..ARGV[1], 0, -1)) do
+  local h = redis.call('HMGET', K..':j:'..id, 'custom_id', 'state', 'status', 'response')
+  table.insert(out, {id, h[1], h[2], h[3], h[4]})
+end
+return out
+",
+    )
+});
+
+/// → ids of batches not in a final status.
+pub static OPEN: LazyLock<Script> =
+    LazyLock::new(|| script("return redis.call('SMEMBERS', K..':open')"));
+
+/// ARGV: id, expected status, doc, status, now, then per file: id, purpose, filename, bytes,
+/// created, content → 1 if this call finalized the batch (status was `expected`, no line
+/// unfinished), else 0: the compare-and-set that makes finalization happen once.
+pub static FINALIZE: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r"
+local bid = ARGV[1]
+local b = K..':b:'..bid
+local h = redis.call('HMGET', b, 'status', 'unfinished', 'tenant')
+if h[1] ~= ARGV[2] or tonumber(h[2]) ~= 0 then return 0 end
+local tenant = h[3]
+for i = 6, #ARGV, 6 do
+  redis.call('HSET', K..':f:'..ARGV[i], 'tenant', tenant, 'purpose', ARGV[i + 1],
+    'filename', ARGV[i + 2], 'bytes', ARGV[i + 3], 'created', ARGV[i + 4],
+    'content', ARGV[i + 5])
+  redis.call('HINCRBY', K..':u:'..tenant, 'b', ARGV[i + 3])
+  redis.call('ZADD', K..':exp', ARGV[i + 4], 'f:'..ARGV[i])
+end
+redis.call('HSET', b, 'doc', ARGV[3], 'status', ARGV[4], 'finished', ARGV[5])
+redis.call('SREM', K..':open', bid)
+redis.call('ZADD', K..':exp', ARGV[5], 'b:'..bid)
+return 1
+",
+    )
+});
+
+/// ARGV: before (unix seconds), max → entries of `:exp` older than `before` deleted (at most
+/// `max`), with their bytes and state counts.
+pub static CLEANUP: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r"
+local function drop_job(id)
+  local j = K..':j:'..id
+  local h = redis.call('HMGET', j, 'tenant', 'state')
+  if not h[1] then return end
+  local bytes = redis.call('HSTRLEN', j, 'body') + redis.call('HSTRLEN', j, 'response')
+  redis.call('HINCRBY', K..':u:'..h[1], 'b', -bytes)
+  st(h[1], h[2], nil)
+  redis.call('DEL', j)
+end
+local items = redis.call('ZRANGEBYSCORE', K..':exp', '-inf', '('..ARGV[1], 'LIMIT', 0,
+  tonumber(ARGV[2]))
+for _, m in ipairs(items) do
+  redis.call('ZREM', K..':exp', m)
+  local kind, id = string.sub(m, 1, 1), string.sub(m, 3)
+  if kind == 'j' then
+    drop_job(id)
+  elseif kind == 'f' then
+    local f = K..':f:'..id
+    local h = redis.call('HMGET', f, 'tenant', 'bytes')
+    if h[1] then
+      redis.call('HINCRBY', K..':u:'..h[1], 'b', -tonumber(h[2]))
+      redis.call('DEL', f)
+    end
+  else
+    local b = K..':b:'..id
+    for _, jid in ipairs(redis.call('LRANGE', K..':bl:'..id, 0, -1)) do drop_job(jid) end
+    local tenant = redis.call('HGET', b, 'tenant')
+    if tenant then redis.call('ZREM', K..':bt:'..tenant, id) end
+    redis.call('DEL', b, K..':bl:'..id)
+  end
+end
+return #items
+",
+    )
+});
+
+/// → creation time (unix seconds) of the oldest queued job, or nil.
+pub static OLDEST: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r"
+local r = redis.call('ZRANGE', K..':age', 0, 0, 'WITHSCORES')
+if #r == 0 then return false end
+return r[2]
+",
+    )
+});
+
+/// → the `:st` hash, flat (field, count, …).
+pub static STATES: LazyLock<Script> =
+    LazyLock::new(|| script("return redis.call('HGETALL', K..':st')"));

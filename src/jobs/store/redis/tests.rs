@@ -1,0 +1,223 @@
+//! The Redis job store's scripts against a real `redis-server` (started on a free port, killed
+//! on drop): fencing of late completions, reclaim of expired leases, exactly-once batch
+//! finalization, per-tenant reads and limits, retention. Without `redis-server` on PATH these
+//! fail naming the package, unless `FAIRGATE_SKIP_REDIS=1` (then they pass as skipped).
+
+use std::process::{Child, Command, Stdio};
+
+use super::*;
+use crate::config::JobsConfig;
+
+/// A `redis-server` child on a free port; killed on drop.
+struct Server {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn server() -> Option<Server> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port");
+    let child = Command::new("redis-server")
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--save", "", "--appendonly", "no"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn();
+    let Ok(child) = child else {
+        assert!(
+            std::env::var_os("FAIRGATE_SKIP_REDIS").is_some_and(|v| v == "1"),
+            "redis-server is not on PATH: install it (apt-get install redis-server), or set \
+             FAIRGATE_SKIP_REDIS=1"
+        );
+        eprintln!("SKIPPED (FAIRGATE_SKIP_REDIS=1): redis-server not found on PATH");
+        return None;
+    };
+    let s = Server { child, port };
+    for _ in 0..500 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return Some(s);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    panic!("redis-server did not start on port {port}");
+}
+
+/// A plain connection standing in for the cluster's link.
+struct Plain(redis::aio::MultiplexedConnection);
+
+impl Debug for Plain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Plain")
+    }
+}
+
+impl Redis for Plain {
+    fn key(&self, parts: &[&str]) -> String {
+        format!("{{fgtest}}:{}", parts.join(":"))
+    }
+
+    fn eval<'a>(
+        &'a self,
+        inv: &'a ScriptInvocation<'a>,
+    ) -> Pin<Box<dyn Future<Output = Option<Value>> + Send + 'a>> {
+        let mut conn = self.0.clone();
+        Box::pin(async move { inv.invoke_async::<Value>(&mut conn).await.ok() })
+    }
+}
+
+async fn store(s: &Server, lease_ms: u64) -> RedisStore {
+    let conn = redis::Client::open(format!("redis://127.0.0.1:{}", s.port))
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let config = JobsConfig {
+        lease_ms,
+        max_queued_jobs_per_tenant: 3,
+        ..JobsConfig::default()
+    };
+    RedisStore::new(Arc::new(Plain(conn)), &config)
+}
+
+fn job(id: &str, batch: Option<(&str, u32)>) -> NewJob {
+    NewJob {
+        id: id.to_owned(),
+        batch: batch.map(|(b, l)| (b.to_owned(), l, format!("c{l}"))),
+        method: "POST".into(),
+        path: "/v1/chat/completions".into(),
+        body: b"{}".to_vec(),
+    }
+}
+
+#[tokio::test]
+async fn a_late_completion_under_an_expired_lease_is_not_recorded() {
+    let Some(srv) = server() else { return };
+    // Lease 0: every claim is expired the moment it is made (no waiting on a clock).
+    let mut s = store(&srv, 0).await;
+    s.insert("a", &[job("j1", None)], None).await.unwrap();
+    let first = s.claim("a", 5).await.unwrap();
+    assert_eq!(first.len(), 1);
+    let t1 = first[0].token;
+    assert!(
+        !s.finish("j1", t1, 200, None, b"late").await.unwrap(),
+        "a lease that expired refuses the answer, reclaimed or not"
+    );
+    assert_eq!(
+        s.reclaim().await.unwrap(),
+        1,
+        "the expired lease is reclaimed"
+    );
+    assert_eq!(
+        s.renew(&[("j1".into(), t1)]).await.unwrap(),
+        1,
+        "t1 is lost"
+    );
+    s.lease_ms = 60_000;
+    let second = s.claim("a", 5).await.unwrap();
+    assert_eq!(second.len(), 1);
+    let t2 = second[0].token;
+    assert_ne!(t1, t2, "a fresh fencing token per claim");
+    assert_eq!(s.reclaim().await.unwrap(), 0, "t2's lease holds");
+    assert!(
+        !s.finish("j1", t1, 200, None, b"late").await.unwrap(),
+        "the completion under the expired lease is discarded"
+    );
+    assert_eq!(s.job("a", "j1").await.unwrap().unwrap().state, "running");
+    assert!(s.finish("j1", t2, 200, None, b"ok").await.unwrap());
+    assert!(
+        !s.finish("j1", t2, 200, None, b"again").await.unwrap(),
+        "recorded once"
+    );
+    let j = s.job("a", "j1").await.unwrap().unwrap();
+    assert_eq!((j.state.as_str(), j.status), ("completed", Some(200)));
+    assert_eq!(j.response.as_deref(), Some(&b"ok"[..]));
+    assert_eq!(s.usage("a").await.unwrap(), (0, 4), "body + one answer");
+    let states = s.states().await.unwrap();
+    assert_eq!(states, [("a".into(), "completed".into(), 1)]);
+}
+
+#[tokio::test]
+async fn a_batch_is_finalized_once_and_reads_are_per_tenant() {
+    let Some(srv) = server() else { return };
+    let s = store(&srv, 60_000).await;
+    let lines = [job("l0", Some(("b1", 0))), job("l1", Some(("b1", 1)))];
+    let batch = Some(("b1".to_owned(), "{\"status\":\"in_progress\"}".to_owned()));
+    s.insert("a", &lines, batch).await.unwrap();
+    assert!(
+        s.job("a", "l0").await.unwrap().is_none(),
+        "a line is no job"
+    );
+    assert!(
+        s.batch("b", "b1").await.unwrap().is_none(),
+        "another tenant"
+    );
+    assert_eq!(s.batch_tenant("b1").await.unwrap().as_deref(), Some("a"));
+    let more = [job("j2", None), job("j3", None)];
+    let over = s.insert("a", &more, None).await;
+    assert!(matches!(over, Err(StoreError::Limit { .. })), "3 jobs max");
+    let claimed = s.claim("a", 5).await.unwrap();
+    assert_eq!(claimed.len(), 2);
+    assert_eq!(claimed[0].batch.as_deref(), Some("b1"));
+    assert!(
+        !s.finalize(
+            "b1",
+            "in_progress",
+            "{}",
+            "completed",
+            Vec::new().as_slice()
+        )
+        .await
+        .unwrap(),
+        "lines unfinished"
+    );
+    for c in &claimed {
+        assert!(s.finish(&c.id, c.token, 200, None, b"x").await.unwrap());
+    }
+    let counts = s.counts("b1").await.unwrap();
+    assert_eq!(
+        (counts.total, counts.completed, counts.unfinished),
+        (2, 2, 0)
+    );
+    let file = |id: &str| {
+        let f = File {
+            id: id.to_owned(),
+            purpose: "batch_output".into(),
+            filename: "out.jsonl".into(),
+            bytes: 3,
+            created: now(),
+        };
+        vec![(f, b"out".to_vec())]
+    };
+    let (f1, f2) = (file("f1"), file("f2"));
+    let (x, y) = tokio::join!(
+        s.finalize("b1", "in_progress", "{\"n\":1}", "completed", &f1),
+        s.finalize("b1", "in_progress", "{\"n\":2}", "completed", &f2),
+    );
+    assert_eq!(
+        u8::from(x.unwrap()) + u8::from(y.unwrap()),
+        1,
+        "exactly one finalization"
+    );
+    let stored = [
+        s.file("a", "f1").await.unwrap(),
+        s.file("a", "f2").await.unwrap(),
+    ];
+    assert_eq!(stored.iter().flatten().count(), 1, "one output file");
+    assert!(s.open_batches().await.unwrap().is_empty());
+    let lines = s.lines("b1").await.unwrap();
+    let ids: Vec<_> = lines.iter().map(|l| l.custom_id.as_str()).collect();
+    assert_eq!(ids, ["c0", "c1"]);
+    assert_eq!(s.batches("a", None, 10).await.unwrap().len(), 1);
+    assert!(s.cleanup(now() + 10).await.unwrap() >= 2);
+    assert!(s.batch("a", "b1").await.unwrap().is_none(), "retention");
+    assert_eq!(s.usage("a").await.unwrap(), (0, 0), "bytes given back");
+}
