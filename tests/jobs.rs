@@ -519,6 +519,96 @@ mod batch_api {
             "each line once, in one of the two files"
         );
     }
+
+    /// A batch whose completion window ends stops: lines that had not run are in the error file
+    /// as `batch_expired`, the ones that ran are in the output, each custom id once, and the
+    /// batch ends `expired` (OpenAI's status), read through the official client. The window is
+    /// a fairgate extension (`2s`; OpenAI accepts only `24h`); a window that is not a duration
+    /// is a 400 naming the field.
+    #[tokio::test]
+    async fn a_batch_past_its_completion_window_expires_with_what_ran() {
+        let mock = mock_with(MockConfig {
+            base_latency: Duration::from_millis(300),
+            ..MockConfig::default()
+        })
+        .await;
+        let proxy = proxy(&jobs_config(
+            &mock.base_url(),
+            "max_inflight_per_tenant = 1",
+            "",
+            "",
+        ))
+        .await;
+        let a = openai(proxy.addr, KEY_A);
+        let file = upload(&a, input(40)).await;
+        let create = |window: &str| {
+            post(
+                proxy.addr,
+                "/v1/batches",
+                Some(KEY_A),
+                &format!(
+                    r#"{{"input_file_id":"{file}","endpoint":"/v1/chat/completions","completion_window":"{window}"}}"#
+                ),
+                &[],
+            )
+        };
+        let bad = send(create("soon")).await;
+        assert_eq!(bad.status, 400);
+        assert_eq!(bad.json()["error"]["param"], "completion_window");
+        let created = send(create("2s")).await;
+        assert_eq!(created.status, 200);
+        let id = created.json()["id"].as_str().unwrap().to_owned();
+        let mut done = None;
+        for _ in 0..800 {
+            let got = a.batches().retrieve(&id).await.unwrap();
+            if got.status == BatchStatus::Expired {
+                done = Some(got);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let done = done.expect("the batch expires");
+        assert!(done.expired_at.is_some());
+        let ran = mock.stats.requests();
+        assert!(ran > 0 && ran < 40, "{ran} of 40 lines ran");
+        let counts = done.request_counts.unwrap();
+        assert_eq!((counts.total, u64::from(counts.completed)), (40, ran));
+        let lines = |b: &[u8]| -> Vec<serde_json::Value> {
+            b.split(|&c| c == b'\n')
+                .filter(|l| !l.is_empty())
+                .map(|l| serde_json::from_slice(l).unwrap())
+                .collect()
+        };
+        let out = lines(
+            &a.files()
+                .content(done.output_file_id.as_deref().unwrap())
+                .await
+                .unwrap(),
+        );
+        let err = lines(
+            &a.files()
+                .content(done.error_file_id.as_deref().unwrap())
+                .await
+                .unwrap(),
+        );
+        assert_eq!(out.len() as u64, ran);
+        assert!(
+            err.iter().all(|l| l["error"]["code"] == "batch_expired"),
+            "{err:?}"
+        );
+        let mut ids: Vec<_> = out
+            .iter()
+            .chain(&err)
+            .map(|l| l["custom_id"].clone())
+            .collect();
+        ids.sort_by_key(|v| v.as_str().unwrap().to_owned());
+        ids.dedup();
+        assert_eq!(
+            ids.len(),
+            40,
+            "each custom id once, in one of the two files"
+        );
+    }
 }
 
 #[tokio::test]

@@ -148,6 +148,12 @@ pub async fn create(
     let input = field(&req, "input_file_id")?;
     let endpoint = field(&req, "endpoint")?;
     let window = field(&req, "completion_window")?;
+    let window_secs = window_secs(window).ok_or_else(|| {
+        Error::invalid(
+            "`completion_window` must be a duration such as `24h` (units s, m, h, d; at most 7d)",
+            Some("completion_window"),
+        )
+    })?;
     if !ENDPOINTS.contains(&endpoint) {
         return Err(Error::invalid(
             format!("`endpoint` must be one of {}", ENDPOINTS.join(", ")),
@@ -176,7 +182,7 @@ pub async fn create(
         "id": id, "object": "batch", "endpoint": endpoint, "model": null, "errors": null,
         "input_file_id": input, "completion_window": window, "status": "in_progress",
         "output_file_id": null, "error_file_id": null, "created_at": now,
-        "in_progress_at": now, "expires_at": now + 24 * 3600, "finalizing_at": null,
+        "in_progress_at": now, "expires_at": now + window_secs, "finalizing_at": null,
         "completed_at": null, "failed_at": null, "expired_at": null, "cancelling_at": null,
         "cancelled_at": null, "request_counts": {"total": 0, "completed": 0, "failed": 0},
         "metadata": req.get("metadata").cloned().unwrap_or(Value::Null),
@@ -300,10 +306,23 @@ pub async fn finalize_if_done(jobs: &Jobs, id: &str) -> Result<(), Error> {
     };
     let raw = store.batch(&tenant, id).await?.unwrap_or_default();
     let mut doc: Value = serde_json::from_str(&raw).unwrap_or(Value::Null);
-    let cancelling = doc["status"] == "cancelling";
+    // An expired batch was stopped like a cancelled one (`expire_due`), marked by `expired_at`.
+    let expiring = doc["status"] == "finalizing" && doc["expired_at"].is_u64();
+    let cancelling = doc["status"] == "cancelling" || expiring;
     if !(cancelling || doc["status"] == "in_progress") {
         return Ok(());
     }
+    let (code, why) = if expiring {
+        (
+            "batch_expired",
+            "the batch's completion window ended before this request ran",
+        )
+    } else {
+        (
+            "batch_cancelled",
+            "the batch was cancelled before this request ran",
+        )
+    };
     let expected = if cancelling {
         "cancelling"
     } else {
@@ -319,7 +338,7 @@ pub async fn finalize_if_done(jobs: &Jobs, id: &str) -> Result<(), Error> {
             (store::state::CANCELLED, _) | (_, None) => (
                 json!({"id": format!("batch_req_{}", line.id), "custom_id": line.custom_id,
                        "response": null,
-                       "error": {"code": "batch_cancelled", "message": "the batch was cancelled before this request ran"}}),
+                       "error": {"code": code, "message": why}}),
                 false,
             ),
             (_, Some(status)) => (
@@ -349,14 +368,18 @@ pub async fn finalize_if_done(jobs: &Jobs, id: &str) -> Result<(), Error> {
         doc[key] = json!(f.id);
         files.push((f, content));
     }
-    let status = if cancelling { "cancelled" } else { "completed" };
+    let status = if expiring {
+        "expired"
+    } else if cancelling {
+        "cancelled"
+    } else {
+        "completed"
+    };
     doc["status"] = json!(status);
     doc["finalizing_at"] = json!(now);
-    doc[if cancelling {
-        "cancelled_at"
-    } else {
-        "completed_at"
-    }] = json!(now);
+    if !expiring {
+        doc[format!("{status}_at")] = json!(now);
+    }
     if !store
         .finalize(id, expected, &doc.to_string(), status, files)
         .await?
@@ -366,9 +389,78 @@ pub async fn finalize_if_done(jobs: &Jobs, id: &str) -> Result<(), Error> {
     Ok(())
 }
 
+/// Longest `completion_window` accepted. OpenAI accepts only `24h`; other durations are a
+/// fairgate extension (a self-hosted provider's batch may have a deadline of its own).
+pub const MAX_WINDOW_SECS: u64 = 7 * 24 * 3600;
+
+/// `24h`, `90m`, `30s`, `2d` → seconds (positive, at most [`MAX_WINDOW_SECS`]).
+fn window_secs(w: &str) -> Option<u64> {
+    let (n, unit) = w.split_at(w.len().checked_sub(1)?);
+    let n: u64 = n.parse().ok()?;
+    let secs = n.checked_mul(match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => return None,
+    })?;
+    (1..=MAX_WINDOW_SECS).contains(&secs).then_some(secs)
+}
+
+/// Stops every open batch whose completion window has ended: its queued lines will not run
+/// (`batch_expired` in the error file), lines already running finish and are recorded, and once
+/// none runs the batch is finalized as `expired` with what completed. Shows `finalizing`
+/// meanwhile. Called by the runner every few seconds.
+pub async fn expire_due(jobs: &Jobs) -> Result<usize, Error> {
+    let store = jobs.store();
+    let now = store::now();
+    let mut expired = 0;
+    for id in store.open_batches().await? {
+        let Some(tenant) = store.batch_tenant(&id).await? else {
+            continue;
+        };
+        let Some(raw) = store.batch(&tenant, &id).await? else {
+            continue;
+        };
+        let mut doc: Value = serde_json::from_str(&raw).unwrap_or(Value::Null);
+        let due = doc["expires_at"].as_u64().is_some_and(|t| t <= now);
+        if doc["status"] != "in_progress" || !due {
+            continue;
+        }
+        doc["status"] = json!("finalizing");
+        doc["expired_at"] = json!(now);
+        if store.cancel_batch(&tenant, &id, &doc.to_string()).await? {
+            expired += 1;
+            finalize_if_done(jobs, &id).await?;
+        }
+    }
+    Ok(expired)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn completion_windows_are_durations_up_to_a_week() {
+        assert_eq!(window_secs("24h"), Some(86_400));
+        assert_eq!(window_secs("90m"), Some(5_400));
+        assert_eq!(window_secs("2s"), Some(2));
+        assert_eq!(window_secs("7d"), Some(MAX_WINDOW_SECS));
+        for bad in [
+            "",
+            "h",
+            "0h",
+            "8d",
+            "24",
+            "24 h",
+            "-1h",
+            "1w",
+            "99999999999999999999d",
+        ] {
+            assert_eq!(window_secs(bad), None, "{bad}");
+        }
+    }
 
     #[test]
     fn a_bad_line_fails_validation_naming_the_line() {

@@ -45,6 +45,9 @@ const RETRY_PAUSE: Duration = Duration::from_millis(500);
 /// How often the runner looks for work without being woken, and cleans up.
 const TICK: Duration = Duration::from_secs(1);
 
+/// How often open batches are checked against their completion window.
+const EXPIRY_CHECK: Duration = Duration::from_secs(2);
+
 type Inflight = Arc<Mutex<HashMap<String, usize>>>;
 
 /// The claims this runner holds: job id → fencing token (renewed while present).
@@ -90,6 +93,7 @@ pub async fn run(jobs: Jobs, dispatch: Dispatch, mut stop: tokio::sync::watch::R
     let lease = Duration::from_millis(jobs.config().lease_ms.max(30));
     let tick = if shared { TICK.min(lease / 3) } else { TICK };
     let mut last_cleanup = tokio::time::Instant::now() - Duration::from_secs(3600);
+    let mut last_expiry = last_cleanup;
     loop {
         if *stop.borrow() {
             return;
@@ -97,6 +101,14 @@ pub async fn run(jobs: Jobs, dispatch: Dispatch, mut stop: tokio::sync::watch::R
         if last_cleanup.elapsed() >= Duration::from_secs(60) {
             last_cleanup = tokio::time::Instant::now();
             housekeeping(&jobs).await;
+        }
+        if last_expiry.elapsed() >= EXPIRY_CHECK {
+            last_expiry = tokio::time::Instant::now();
+            match batch::expire_due(&jobs).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(batches = n, "jobs: completion window ended"),
+                Err(e) => tracing::warn!(error = %e, "jobs: cannot expire batches"),
+            }
         }
         if shared {
             match jobs.store().reclaim().await {
