@@ -298,7 +298,7 @@ pub async fn cancel(jobs: &Jobs, tenant: &str, id: &str) -> Result<Response<Resp
 /// this replica or another, that got there first makes this one a no-op).
 pub async fn finalize_if_done(jobs: &Jobs, id: &str) -> Result<(), Error> {
     let store = jobs.store();
-    if store.counts(id).await?.unfinished > 0 {
+    if store.unfinished(id).await? {
         return Ok(());
     }
     let Some(tenant) = store.batch_tenant(id).await? else {

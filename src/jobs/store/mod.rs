@@ -358,6 +358,15 @@ impl Store {
         dispatch!(self, |s| s.counts(&i), |r| r.counts(id))
     }
 
+    /// Whether a line of batch `id` is still queued or running (what finalizing waits for;
+    /// one index probe, where [`Store::counts`] reads every line of the batch).
+    pub async fn unfinished(&self, id: &str) -> Result<bool> {
+        let i = id.to_owned();
+        dispatch!(self, |s| s.unfinished(&i), |r| async {
+            Ok::<_, StoreError>(r.counts(id).await?.unfinished > 0)
+        })
+    }
+
     /// The lines of batch `id` in input order.
     pub async fn lines(&self, id: &str) -> Result<Vec<Line>> {
         let i = id.to_owned();

@@ -156,7 +156,15 @@ impl Sqlite {
     /// Tenants with queued jobs.
     pub fn queued_tenants(&self) -> Result<Vec<String>> {
         self.with(|c| {
-            let mut st = c.prepare("SELECT DISTINCT tenant FROM jobs WHERE state = 'queued'")?;
+            // A skip scan of `jobs_state (state, tenant)`: one probe per tenant, where DISTINCT
+            // read every queued row (a 5,000-line batch read 5,000 rows per line dispatched).
+            let mut st = c.prepare(
+                "WITH RECURSIVE t(x) AS (\
+                   SELECT MIN(tenant) FROM jobs WHERE state = 'queued' \
+                   UNION ALL SELECT (SELECT MIN(tenant) FROM jobs \
+                     WHERE state = 'queued' AND tenant > t.x) FROM t WHERE t.x IS NOT NULL) \
+                 SELECT x FROM t WHERE x IS NOT NULL",
+            )?;
             let rows = st.query_map([], |r| r.get(0))?;
             rows.collect()
         })
@@ -389,6 +397,17 @@ impl Sqlite {
         })
     }
 
+    /// Whether a line of batch `id` is queued or running (an index probe on `jobs_batch_state`).
+    pub fn unfinished(&self, id: &str) -> Result<bool> {
+        self.with(|c| {
+            c.query_row(
+                "SELECT EXISTS(SELECT 1 FROM jobs WHERE batch = ?1 AND state IN ('queued','running'))",
+                [id],
+                |r| r.get(0),
+            )
+        })
+    }
+
     /// The line counts of batch `id`.
     pub fn counts(&self, id: &str) -> Result<Counts> {
         self.with(|c| {
@@ -534,6 +553,34 @@ mod tests {
         assert_eq!(s.usage("a").unwrap().0, 1);
         assert!(s.cleanup(now() + 10).unwrap() >= 1);
         assert!(s.job("a", &claimed[0].id).unwrap().is_none(), "retention");
+        let _ = std::fs::remove_file(&path);
+    }
+
+    #[test]
+    fn queued_tenants_and_unfinished_read_the_indexes_right() {
+        let path =
+            std::env::temp_dir().join(format!("fg-store-{:x}.sqlite", rand::random::<u64>()));
+        let s = Sqlite::open(&path).unwrap();
+        let line = |id: &str, n: u32| NewJob {
+            batch: Some(("b1".into(), n, id.into())),
+            ..job(id)
+        };
+        s.insert("c", &[job("c1"), job("c2")], None).unwrap();
+        s.insert("a", &[line("a1", 0), line("a2", 1)], None)
+            .unwrap();
+        s.insert("b", &[job("b1")], None).unwrap();
+        assert_eq!(s.queued_tenants().unwrap(), ["a", "b", "c"]);
+        let b = s.claim("b", 5).unwrap();
+        assert_eq!(s.queued_tenants().unwrap(), ["a", "c"], "b has none queued");
+        assert!(s.finish(&b[0].id, 200, None, b"ok").unwrap());
+        assert!(s.unfinished("b1").unwrap());
+        let a = s.claim("a", 5).unwrap();
+        assert_eq!(s.queued_tenants().unwrap(), ["c"]);
+        assert!(s.unfinished("b1").unwrap(), "running lines are unfinished");
+        for j in &a {
+            assert!(s.finish(&j.id, 200, None, b"ok").unwrap());
+        }
+        assert!(!s.unfinished("b1").unwrap());
         let _ = std::fs::remove_file(&path);
     }
 }
