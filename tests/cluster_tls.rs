@@ -12,10 +12,10 @@
 
 mod common;
 
-use std::net::TcpListener as StdListener;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use common::redis_server::{free_port, missing, wait_until_listening};
 use common::*;
 
 const PASSWORD: &str = "fg-redis-SECRET-pw";
@@ -38,11 +38,7 @@ impl Drop for TempDir {
 
 impl TlsRedis {
     fn start() -> Option<Self> {
-        let port = StdListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = free_port();
         let dir = std::env::temp_dir().join(format!(
             "fairgate-redis-tls-{}-{}",
             std::process::id(),
@@ -63,12 +59,7 @@ impl TlsRedis {
             .stderr(Stdio::null())
             .spawn();
         let Ok(child) = child else {
-            assert!(
-                std::env::var_os("FAIRGATE_SKIP_REDIS").is_some_and(|v| v == "1"),
-                "redis-server is not on PATH: install it (apt-get install redis-server), or set \
-                 FAIRGATE_SKIP_REDIS=1 to skip the cluster tests"
-            );
-            eprintln!("SKIPPED (FAIRGATE_SKIP_REDIS=1): redis-server not found on PATH");
+            missing();
             return None;
         };
         let mut r = TlsRedis {
@@ -76,16 +67,8 @@ impl TlsRedis {
             port,
             _dir: TempDir(dir),
         };
-        for _ in 0..500 {
-            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                return Some(r);
-            }
-            if let Ok(Some(status)) = r.child.try_wait() {
-                panic!("redis-server exited ({status}): does this build have TLS?");
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        panic!("redis-server did not start on TLS port {port}");
+        wait_until_listening(port, &mut r.child, ": does this build have TLS?");
+        Some(r)
     }
 
     /// A test's own client (TLS with the fixture as CA, the password).

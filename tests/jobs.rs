@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::*;
-use fairgate::mock::MockConfig;
 use http::Request;
 use http_body_util::Full;
 
@@ -153,11 +152,7 @@ async fn without_jobs_configured_respond_async_is_ignored() {
 
 #[tokio::test]
 async fn a_tenant_never_has_more_than_max_inflight_jobs_in_the_stack_and_delete_cancels() {
-    let mock = mock_with(MockConfig {
-        base_latency: Duration::from_millis(40),
-        ..MockConfig::default()
-    })
-    .await;
+    let mock = mock_slow(40).await;
     let proxy = proxy(&jobs_config(
         &mock.base_url(),
         "max_inflight_per_tenant = 2",
@@ -202,11 +197,7 @@ async fn a_tenant_never_has_more_than_max_inflight_jobs_in_the_stack_and_delete_
 
 #[tokio::test]
 async fn a_full_queue_becomes_a_job_with_respond_async_and_stays_a_429_without() {
-    let mock = mock_with(MockConfig {
-        base_latency: Duration::from_millis(300),
-        ..MockConfig::default()
-    })
-    .await;
+    let mock = mock_slow(300).await;
     let proxy = proxy(&jobs_config(
         &mock.base_url(),
         "",
@@ -265,11 +256,7 @@ async fn a_full_queue_becomes_a_job_with_respond_async_and_stays_a_429_without()
 
 #[tokio::test]
 async fn queued_jobs_beyond_the_tenant_limit_are_a_429_tenant() {
-    let mock = mock_with(MockConfig {
-        base_latency: Duration::from_millis(200),
-        ..MockConfig::default()
-    })
-    .await;
+    let mock = mock_slow(200).await;
     let proxy = proxy(&jobs_config(
         &mock.base_url(),
         "max_queued_jobs_per_tenant = 2",
@@ -467,13 +454,18 @@ mod batch_api {
         assert_eq!(mock.stats.requests(), 0);
     }
 
-    #[tokio::test]
-    async fn cancel_stops_the_lines_not_yet_run() {
-        let mock = mock_with(MockConfig {
-            base_latency: Duration::from_millis(50),
-            ..MockConfig::default()
-        })
-        .await;
+    /// A mock answering in `ms`, a proxy running one job of a tenant at a time, tenant A's
+    /// client and an uploaded input file of `lines` lines.
+    async fn one_line_at_a_time(
+        ms: u64,
+        lines: usize,
+    ) -> (
+        fairgate::mock::MockServer,
+        fairgate::server::ServerHandle,
+        Client<OpenAIConfig>,
+        String,
+    ) {
+        let mock = mock_slow(ms).await;
         let proxy = proxy(&jobs_config(
             &mock.base_url(),
             "max_inflight_per_tenant = 1",
@@ -482,7 +474,13 @@ mod batch_api {
         ))
         .await;
         let a = openai(proxy.addr, KEY_A);
-        let file = upload(&a, input(30)).await;
+        let file = upload(&a, input(lines)).await;
+        (mock, proxy, a, file)
+    }
+
+    #[tokio::test]
+    async fn cancel_stops_the_lines_not_yet_run() {
+        let (mock, _proxy, a, file) = one_line_at_a_time(50, 30).await;
         let batch = a.batches().create(request(&file)).await.unwrap();
         let c = a.batches().cancel(&batch.id).await.unwrap();
         assert!(matches!(
@@ -527,20 +525,7 @@ mod batch_api {
     /// is a 400 naming the field.
     #[tokio::test]
     async fn a_batch_past_its_completion_window_expires_with_what_ran() {
-        let mock = mock_with(MockConfig {
-            base_latency: Duration::from_millis(300),
-            ..MockConfig::default()
-        })
-        .await;
-        let proxy = proxy(&jobs_config(
-            &mock.base_url(),
-            "max_inflight_per_tenant = 1",
-            "",
-            "",
-        ))
-        .await;
-        let a = openai(proxy.addr, KEY_A);
-        let file = upload(&a, input(40)).await;
+        let (mock, proxy, a, file) = one_line_at_a_time(300, 40).await;
         let create = |window: &str| {
             post(
                 proxy.addr,

@@ -20,7 +20,6 @@ use std::time::Duration;
 use bytes::Bytes;
 use common::redis_server::Redis;
 use common::*;
-use fairgate::mock::MockConfig;
 use http::Request;
 use http_body_util::Full;
 use serde_json::Value;
@@ -135,11 +134,7 @@ async fn any_replica_answers_any_job_and_a_batch_completes_once_across_replicas(
     let Some(redis) = Redis::start() else { return };
     // Each answer takes longer than a lease: only renewal keeps the other replica from
     // running a line a second time.
-    let mock = mock_with(MockConfig {
-        base_latency: Duration::from_millis(1200),
-        ..MockConfig::default()
-    })
-    .await;
+    let mock = mock_slow(1200).await;
     let a = proxy(&replica(&redis, &mock.base_url(), "a", 500)).await;
     let b = proxy(&replica(&redis, &mock.base_url(), "b", 500)).await;
 
@@ -197,16 +192,8 @@ async fn lines_of_a_stopped_replica_are_reclaimed_after_the_lease_and_run_once_e
     let Some(redis) = Redis::start() else { return };
     // A's upstream answers after 2.5 s, B's after 4 s: A's answers come back while B runs the
     // same lines, after A's leases expired.
-    let slow = mock_with(MockConfig {
-        base_latency: Duration::from_millis(2500),
-        ..MockConfig::default()
-    })
-    .await;
-    let slower = mock_with(MockConfig {
-        base_latency: Duration::from_millis(4000),
-        ..MockConfig::default()
-    })
-    .await;
+    let slow = mock_slow(2500).await;
+    let slower = mock_slow(4000).await;
     let a = proxy(&replica(&redis, &slow.base_url(), "a", 500)).await;
     let file = upload(a.addr, &input(LINES)).await;
     let batch = create_batch(a.addr, &file).await;

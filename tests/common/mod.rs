@@ -34,6 +34,15 @@ pub async fn mock_with(cfg: MockConfig) -> MockServer {
         .expect("mock upstream starts")
 }
 
+/// A mock upstream answering every request after `ms` milliseconds.
+pub async fn mock_slow(ms: u64) -> MockServer {
+    mock_with(MockConfig {
+        base_latency: std::time::Duration::from_millis(ms),
+        ..MockConfig::default()
+    })
+    .await
+}
+
 /// A mock upstream speaking `profile`'s dialect (see `fairgate::mock::Profile`).
 pub async fn mock_profile(profile: Profile) -> MockServer {
     mock_with(MockConfig {

@@ -6,6 +6,41 @@ use std::net::TcpListener as StdListener;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+/// A free loopback port.
+pub fn free_port() -> u16 {
+    StdListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `redis-server` could not be started: fails the test naming the package, unless the developer
+/// set `FAIRGATE_SKIP_REDIS=1` (then the test is skipped and says so).
+pub fn missing() {
+    assert!(
+        std::env::var_os("FAIRGATE_SKIP_REDIS").is_some_and(|v| v == "1"),
+        "redis-server is not on PATH: install it (apt-get install redis-server), or set \
+         FAIRGATE_SKIP_REDIS=1 to skip the cluster tests"
+    );
+    eprintln!("SKIPPED (FAIRGATE_SKIP_REDIS=1): redis-server not found on PATH");
+}
+
+/// Waits (bounded) until `port` accepts connections; panics if `child` exits first (`hint`
+/// says what may be wrong) or the port never opens.
+pub fn wait_until_listening(port: u16, child: &mut Child, hint: &str) {
+    for _ in 0..500 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return;
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("redis-server exited ({status}){hint}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!("redis-server did not start on port {port}");
+}
+
 /// A `redis-server` child process on its own port; killed on drop.
 pub struct Redis {
     child: Option<Child>,
@@ -17,19 +52,12 @@ impl Redis {
     /// Starts one on a free port; `None` (skip) when the binary is missing and the developer set
     /// `FAIRGATE_SKIP_REDIS=1`; panics when it is missing otherwise.
     pub fn start() -> Option<Redis> {
-        let port = StdListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let mut r = Redis { child: None, port };
+        let mut r = Redis {
+            child: None,
+            port: free_port(),
+        };
         if !r.spawn() {
-            assert!(
-                std::env::var_os("FAIRGATE_SKIP_REDIS").is_some_and(|v| v == "1"),
-                "redis-server is not on PATH: install it (apt-get install redis-server), or set \
-                 FAIRGATE_SKIP_REDIS=1 to skip the cluster tests"
-            );
-            eprintln!("SKIPPED (FAIRGATE_SKIP_REDIS=1): redis-server not found on PATH");
+            missing();
             return None;
         }
         Some(r)
@@ -45,17 +73,12 @@ impl Redis {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn();
-        let Ok(child) = child else {
+        let Ok(mut child) = child else {
             return false;
         };
+        wait_until_listening(self.port, &mut child, "");
         self.child = Some(child);
-        for _ in 0..500 {
-            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        panic!("redis-server did not start on port {}", self.port);
+        true
     }
 
     pub fn kill(&mut self) {

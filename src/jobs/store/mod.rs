@@ -63,6 +63,15 @@ pub mod state {
     pub const FAILED: &str = "failed";
     /// Cancelled before it ran.
     pub const CANCELLED: &str = "cancelled";
+
+    /// The state a job's answer with HTTP `status` leaves it in.
+    pub fn answered(status: u16) -> &'static str {
+        if (200..300).contains(&status) {
+            COMPLETED
+        } else {
+            FAILED
+        }
+    }
 }
 
 /// A job to insert.

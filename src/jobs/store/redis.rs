@@ -258,11 +258,7 @@ impl RedisStore {
         resp_type: Option<&str>,
         body: &[u8],
     ) -> Result<bool> {
-        let st = if (200..300).contains(&status) {
-            state::COMPLETED
-        } else {
-            state::FAILED
-        };
+        let st = state::answered(status);
         let args = [
             a(id),
             a(token),

@@ -219,11 +219,7 @@ impl Sqlite {
         resp_type: Option<&str>,
         body: &[u8],
     ) -> Result<bool> {
-        let st = if (200..300).contains(&status) {
-            state::COMPLETED
-        } else {
-            state::FAILED
-        };
+        let st = state::answered(status);
         self.with(|c| {
             c.execute(
                 "UPDATE jobs SET state = ?2, status = ?3, resp_type = ?4, response = ?5, finished = ?6 \
