@@ -210,6 +210,18 @@ async fn spans_continue_the_client_trace_and_reach_the_collector() {
         format!("00-{TRACE}-{}-01", upstream["spanId"].as_str().unwrap())
     );
 
+    // The resource and scope are fairgate's.
+    let first = got.lock().unwrap()[0]["resourceSpans"][0].clone();
+    assert_eq!(
+        first["resource"]["attributes"][0]["key"], "service.name",
+        "{first}"
+    );
+    assert_eq!(
+        first["resource"]["attributes"][0]["value"]["stringValue"],
+        "fairgate"
+    );
+    assert_eq!(first["scopeSpans"][0]["scope"]["name"], "fairgate");
+
     // (b) The refusal names the limit.
     let refused = all
         .iter()

@@ -1,5 +1,5 @@
-//! `[otel]`: OpenTelemetry trace export over OTLP/HTTP (JSON). Absent or without `endpoint`:
-//! off.
+//! `[otel]`: OpenTelemetry trace export over OTLP/HTTP (JSON, the `opentelemetry-otlp`
+//! exporter on fairgate's HTTP client; see `crate::otel`). Absent or without `endpoint`: off.
 
 use serde::Deserialize;
 
@@ -21,7 +21,8 @@ pub struct OtelConfig {
     pub max_batch: usize,
     /// How often queued spans are exported, ms.
     pub export_interval_ms: u64,
-    /// Timeout of one export call, ms (a failed call drops its batch, counted).
+    /// Timeout of one export call, ms, the collector's answer included (no retry: a failed
+    /// call drops its batch, counted).
     pub timeout_ms: u64,
 }
 
