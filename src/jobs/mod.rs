@@ -17,8 +17,8 @@
 //! counts as finished, so after a crash only lines that were in flight run again
 //! (at-least-once for those, exactly once in the output file). With `[cluster]`, a line
 //! claimed by a replica that died is run by another after `[jobs] lease_ms`, and the dead
-//! replica's late answer (if it comes) is discarded by the fencing token; the queued and
-//! stored limits hold across replicas, `max_inflight_per_tenant` holds per replica.
+//! replica's late answer (if it comes) is discarded by the fencing token; the queued, stored
+//! and in-flight (`max_inflight_per_tenant`) limits hold across replicas.
 //!
 //! [`context::JobRun`]: crate::context::JobRun
 

@@ -59,6 +59,7 @@ pub struct RedisStore {
     redis: Arc<dyn Redis>,
     base: String,
     lease_ms: u64,
+    max_inflight: usize,
     max_jobs: u64,
     max_bytes: u64,
 }
@@ -126,6 +127,7 @@ impl RedisStore {
             redis,
             base,
             lease_ms: config.lease_ms,
+            max_inflight: config.max_inflight_per_tenant,
             max_jobs: config.max_queued_jobs_per_tenant,
             max_bytes: config.max_stored_bytes_per_tenant,
         }
@@ -211,7 +213,7 @@ impl RedisStore {
     }
 
     pub(super) async fn claim(&self, tenant: &str, n: usize) -> Result<Vec<Claimed>> {
-        let args = [a(tenant), a(n), a(self.lease_ms)];
+        let args = [a(tenant), a(n), a(self.lease_ms), a(self.max_inflight)];
         let rows = array(self.call(&scripts::CLAIM, &args).await?)?;
         rows.into_iter()
             .map(|row| {

@@ -131,14 +131,19 @@ return redis.call('HGET', j, 'state')
 pub static TENANTS: LazyLock<Script> =
     LazyLock::new(|| script("return redis.call('SMEMBERS', K..':tenants')"));
 
-/// ARGV: tenant, n, lease_ms → {{id, token, batch, method, path, body}, …}: up to `n` of the
-/// tenant's oldest queued jobs, now running under a fresh token until Redis time + lease.
+/// ARGV: tenant, n, lease_ms, max_inflight → {{id, token, batch, method, path, body}, …}: up
+/// to `n` of the tenant's oldest queued jobs, now running under a fresh token until Redis time +
+/// lease — and no more than keeps the tenant's running jobs, on every replica together, within
+/// `max_inflight` (`[jobs] max_inflight_per_tenant` holds cluster-wide).
 pub static CLAIM: LazyLock<Script> = LazyLock::new(|| {
     script(
         r"
 local tenant = ARGV[1]
 local q = K..':q:'..tenant
-local ids = redis.call('ZRANGE', q, 0, tonumber(ARGV[2]) - 1)
+local running = tonumber(redis.call('HGET', K..':st', tenant..'\nrunning')) or 0
+local want = math.min(tonumber(ARGV[2]), tonumber(ARGV[4]) - running)
+if want <= 0 then return {} end
+local ids = redis.call('ZRANGE', q, 0, want - 1)
 local exp = nowms() + tonumber(ARGV[3])
 local out = {}
 for _, id in ipairs(ids) do

@@ -221,3 +221,24 @@ async fn a_batch_is_finalized_once_and_reads_are_per_tenant() {
     assert!(s.batch("a", "b1").await.unwrap().is_none(), "retention");
     assert_eq!(s.usage("a").await.unwrap(), (0, 0), "bytes given back");
 }
+
+#[tokio::test]
+async fn max_inflight_per_tenant_holds_across_replicas() {
+    let Some(srv) = server() else { return };
+    let (mut a, mut b) = (store(&srv, 60_000).await, store(&srv, 60_000).await);
+    a.max_inflight = 2;
+    b.max_inflight = 2;
+    let jobs = [job("j1", None), job("j2", None), job("j3", None)];
+    a.insert("t", &jobs, None).await.unwrap();
+    let on_a = a.claim("t", 2).await.unwrap();
+    assert_eq!(on_a.len(), 2);
+    assert!(
+        b.claim("t", 2).await.unwrap().is_empty(),
+        "replica B would run a third job of the tenant at once"
+    );
+    assert!(a
+        .finish(&on_a[0].id, on_a[0].token, 200, None, b"ok")
+        .await
+        .unwrap());
+    assert_eq!(b.claim("t", 2).await.unwrap().len(), 1, "one slot freed");
+}
