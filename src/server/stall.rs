@@ -16,6 +16,11 @@
 //! - While hyper waits on the upstream (its last poll was `Pending`) nothing is timed: a slow
 //!   upstream is the idle timeout's business, not this one's.
 //!
+//! No task for a body that ends with the frame hyper takes (`is_end_stream` says so and hyper
+//! drops it with that frame): fairgate's own answers, e.g. every refusal of a flood. An upstream
+//! answer is watched from its first frame: the usage stage learns of the end only by polling
+//! once more (it may still have bytes to add), so it never says `is_end_stream` early.
+//!
 //! Invariants: the std mutex is held only inside a poll (never across `.await`); the body is
 //! dropped outside the lock; the watchdog ends when the body ends, is dropped or is aborted.
 
@@ -68,11 +73,15 @@ pub struct Watched {
     shared: Arc<Shared>,
     end: bool,
     hint: SizeHint,
+    /// What the watchdog needs, until it is spawned.
+    arm: Option<(Option<Ctx>, Arc<Notify>)>,
 }
 
-/// Puts `body` under the watchdog (spawned on the current runtime) with `timeout`; `ctx` is
-/// marked stalled and `abort` pinged when the client stalls. A body already at its end is not
-/// watched (no task).
+/// Puts `body` under the watchdog with `timeout`; `ctx` is marked stalled and `abort` pinged
+/// when the client stalls. The watchdog task is spawned (on the current runtime) when hyper
+/// takes the first frame the body does not end with: a body that ends with its frame (a
+/// non-streamed answer of known length) says so through `is_end_stream`, hyper drops it with
+/// that frame and every guard goes with it, so there is nothing to watch and no task.
 pub fn watch(
     body: ResponseBody,
     ctx: Option<Ctx>,
@@ -91,10 +100,12 @@ pub fn watch(
         changed: Notify::new(),
         timeout,
     });
-    if !end {
-        tokio::spawn(watchdog(shared.clone(), ctx, abort));
+    Watched {
+        shared,
+        end,
+        hint,
+        arm: (!end).then_some((ctx, abort)),
     }
-    Watched { shared, end, hint }
 }
 
 async fn watchdog(shared: Arc<Shared>, ctx: Option<Ctx>, abort: Arc<Notify>) {
@@ -190,9 +201,13 @@ impl Body for Watched {
         } else {
             None
         };
+        let mut spawn = None;
         let body = match &polled {
             Some(Ok(_)) => {
                 slot.handed = Some(Instant::now());
+                if slot.body.as_ref().is_some_and(|b| !b.is_end_stream()) {
+                    spawn = self.arm.take();
+                }
                 None
             }
             _ => {
@@ -202,12 +217,22 @@ impl Body for Watched {
         };
         drop(slot);
         drop(body);
+        if let Some((ctx, abort)) = spawn {
+            tokio::spawn(watchdog(shared.clone(), ctx, abort));
+        }
         shared.changed.notify_one();
         Poll::Ready(polled)
     }
 
     fn is_end_stream(&self) -> bool {
-        self.end
+        if self.end {
+            return true;
+        }
+        let slot = self.shared.lock();
+        // A stalled body is not ended: hyper must poll once more and get `ClientStalled`.
+        !slot.stalled
+            && slot.ahead.is_none()
+            && slot.body.as_ref().is_none_or(|b| b.is_end_stream())
     }
 
     fn size_hint(&self) -> SizeHint {

@@ -116,3 +116,36 @@ async fn read_ahead_buffers_one_frame_only() {
     // One frame was taken from the upstream while the client held the first; the rest wait.
     assert_eq!(tx.capacity(), 8 - 4);
 }
+
+/// A body that ends with its frame (a non-streamed answer) says so after the frame, so hyper
+/// drops it with every guard, and no watchdog task is spawned for it; a streamed body gets one
+/// when hyper takes its first frame.
+#[tokio::test(start_paused = true)]
+async fn a_body_that_ends_with_its_frame_needs_no_watchdog_task() {
+    let alive = || {
+        tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks()
+    };
+    let before = alive();
+    let mut full = std::pin::pin!(watch(
+        ResponseBody::full("{}"),
+        None,
+        T,
+        Arc::new(Notify::new())
+    ));
+    assert!(!full.is_end_stream());
+    assert!(full.frame().await.unwrap().is_ok());
+    assert!(
+        full.is_end_stream(),
+        "hyper would poll again instead of dropping it"
+    );
+    assert_eq!(alive(), before, "a task for a body that already ended");
+
+    let (body, tx, _dropped) = streamed(None);
+    let mut streamed = std::pin::pin!(watch(body, None, T, Arc::new(Notify::new())));
+    tx.send(data("a")).await.unwrap();
+    assert!(streamed.frame().await.unwrap().is_ok());
+    assert!(!streamed.is_end_stream());
+    assert_eq!(alive(), before + 1, "the streamed body is watched");
+}
