@@ -454,6 +454,54 @@ mod batch_api {
         assert_eq!(mock.stats.requests(), 0);
     }
 
+    /// `GET /v1/files` lists the tenant's own files newest first (the official client's
+    /// `files().list()`), pages with `limit`/`after`, filters by `purpose`, and never shows
+    /// another tenant's files.
+    #[tokio::test]
+    async fn files_are_listed_per_tenant_newest_first() {
+        let mock = mock().await;
+        let proxy = proxy(&jobs_config(&mock.base_url(), "", "", "")).await;
+        let (a, b) = (openai(proxy.addr, KEY_A), openai(proxy.addr, KEY_B));
+        let mut mine = Vec::new();
+        for n in 1..=3 {
+            mine.push(upload(&a, input(n)).await);
+        }
+        let theirs = upload(&b, input(1)).await;
+        let listed = a.files().list().await.unwrap();
+        let ids: Vec<_> = listed.data.iter().map(|f| f.id.clone()).collect();
+        let newest_first: Vec<_> = mine.iter().rev().cloned().collect();
+        assert_eq!(ids, newest_first);
+        assert!(!listed.has_more);
+        let raw = |q: &str| {
+            let q = q.to_owned();
+            let addr = proxy.addr;
+            async move {
+                send(get(addr, &format!("/v1/files?{q}"), KEY_A))
+                    .await
+                    .json()
+            }
+        };
+        let page = raw("limit=2").await;
+        assert_eq!(page["has_more"], true);
+        assert_eq!(page["data"].as_array().unwrap().len(), 2);
+        let rest = raw(&format!(
+            "limit=2&after={}",
+            page["last_id"].as_str().unwrap()
+        ))
+        .await;
+        assert_eq!(rest["data"][0]["id"], mine[0].as_str());
+        assert_eq!(rest["has_more"], false);
+        assert_eq!(
+            raw("purpose=batch_output").await["data"],
+            serde_json::json!([])
+        );
+        let only_b = b.files().list().await.unwrap().data;
+        assert_eq!(only_b.len(), 1);
+        assert_eq!(only_b[0].id, theirs);
+        let bad = send(get(proxy.addr, "/v1/files?limit=0", KEY_A)).await;
+        assert_eq!(bad.status, 400);
+    }
+
     /// A mock answering in `ms`, a proxy running one job of a tenant at a time, tenant A's
     /// client and an uploaded input file of `lines` lines.
     async fn one_line_at_a_time(

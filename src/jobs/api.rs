@@ -54,6 +54,7 @@ async fn route(
         (&Method::GET, ["v1", "fairgate", "jobs", id]) => job_status(jobs, tenant, id).await?,
         (&Method::DELETE, ["v1", "fairgate", "jobs", id]) => job_cancel(jobs, tenant, id).await?,
         (&Method::POST, ["v1", "files"]) => upload(jobs, tenant, req).await?,
+        (&Method::GET, ["v1", "files"]) => list_files(jobs, tenant, req.uri().query()).await?,
         (&Method::GET, ["v1", "files", id]) => {
             let f = jobs
                 .store()
@@ -180,6 +181,60 @@ async fn upload(
 }
 
 /// OpenAI's file object.
+/// Most files one `GET /v1/files` lists (OpenAI's default and maximum `limit`).
+pub const MAX_FILES_LISTED: usize = 10_000;
+
+/// `GET /v1/files?purpose=&limit=&after=&order=desc`: the tenant's files, newest first (OpenAI's
+/// list shape); `order=asc` is a 400 (not kept in that order).
+async fn list_files(
+    jobs: &Jobs,
+    tenant: &str,
+    query: Option<&str>,
+) -> Result<Response<ResponseBody>, Error> {
+    let (mut after, mut purpose, mut limit) = (None, None, MAX_FILES_LISTED);
+    for (k, v) in query
+        .unwrap_or("")
+        .split('&')
+        .filter_map(|p| p.split_once('='))
+    {
+        match k {
+            "after" => after = Some(v),
+            "purpose" => purpose = Some(v),
+            "limit" => {
+                limit = v
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|n| (1..=MAX_FILES_LISTED).contains(n))
+                    .ok_or_else(|| Error::invalid("`limit` must be 1 to 10000", Some("limit")))?;
+            }
+            "order" if v != "desc" => {
+                return Err(Error::invalid(
+                    "only `order=desc` is supported",
+                    Some("order"),
+                ))
+            }
+            _ => {}
+        }
+    }
+    let mut files = jobs
+        .store()
+        .files(tenant, after, limit + 1, purpose)
+        .await?;
+    let has_more = files.len() > limit;
+    files.truncate(limit);
+    let data: Vec<_> = files.iter().map(file_doc).collect();
+    Ok(json(
+        StatusCode::OK,
+        &serde_json::json!({
+            "object": "list",
+            "data": data,
+            "first_id": files.first().map(|f| &f.id),
+            "last_id": files.last().map(|f| &f.id),
+            "has_more": has_more,
+        }),
+    ))
+}
+
 pub fn file_doc(f: &File) -> serde_json::Value {
     serde_json::json!({
         "id": f.id,

@@ -367,6 +367,26 @@ impl Store {
         dispatch!(self, |s| s.counts(&i), |r| r.counts(id))
     }
 
+    /// `tenant`'s files, newest first, after file `after`, of `purpose`, at most `limit`.
+    pub async fn files(
+        &self,
+        tenant: &str,
+        after: Option<&str>,
+        limit: usize,
+        purpose: Option<&str>,
+    ) -> Result<Vec<File>> {
+        let (t, a, p) = (
+            tenant.to_owned(),
+            after.map(str::to_owned),
+            purpose.map(str::to_owned),
+        );
+        dispatch!(
+            self,
+            |s| s.files(&t, a.as_deref(), limit, p.as_deref()),
+            |r| r.files(tenant, after, limit, purpose)
+        )
+    }
+
     /// Whether a line of batch `id` is still queued or running (what finalizing waits for;
     /// one index probe, where [`Store::counts`] reads every line of the batch).
     pub async fn unfinished(&self, id: &str) -> Result<bool> {

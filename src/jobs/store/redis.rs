@@ -310,6 +310,34 @@ impl RedisStore {
         }))
     }
 
+    pub(super) async fn files(
+        &self,
+        tenant: &str,
+        after: Option<&str>,
+        limit: usize,
+        purpose: Option<&str>,
+    ) -> Result<Vec<File>> {
+        let args = [
+            a(tenant),
+            a(after.unwrap_or("")),
+            a(limit),
+            a(purpose.unwrap_or("")),
+        ];
+        array(self.call(&scripts::FILES, &args).await?)?
+            .into_iter()
+            .map(|row| {
+                let [id, purpose, filename, size, created] = fields(row)?;
+                Ok(File {
+                    id: string(id).ok_or(StoreError::Shape)?,
+                    purpose: string(purpose).unwrap_or_default(),
+                    filename: string(filename).unwrap_or_default(),
+                    bytes: uint(&size),
+                    created: uint(&created),
+                })
+            })
+            .collect()
+    }
+
     pub(super) async fn file_content(&self, tenant: &str, id: &str) -> Result<Option<Vec<u8>>> {
         let v = self
             .call(&scripts::FILE_GET, &[a(tenant), a(id), a(1)])

@@ -33,6 +33,7 @@ CREATE INDEX IF NOT EXISTS jobs_batch_state ON jobs(batch, state);
 CREATE TABLE IF NOT EXISTS files(
   id TEXT PRIMARY KEY, tenant TEXT NOT NULL, purpose TEXT NOT NULL, filename TEXT NOT NULL,
   bytes INTEGER NOT NULL, created INTEGER NOT NULL, content BLOB NOT NULL);
+CREATE INDEX IF NOT EXISTS files_tenant ON files(tenant);
 CREATE TABLE IF NOT EXISTS batches(
   id TEXT PRIMARY KEY, tenant TEXT NOT NULL, doc TEXT NOT NULL, status TEXT NOT NULL,
   created INTEGER NOT NULL, finished INTEGER);
@@ -390,6 +391,33 @@ impl Sqlite {
                 params![id, tenant, doc, now() as i64],
             )
             .map(drop)
+        })
+    }
+
+    /// `tenant`'s files newest first, after file `after`, of `purpose`, at most `limit`.
+    pub fn files(
+        &self,
+        tenant: &str,
+        after: Option<&str>,
+        limit: usize,
+        purpose: Option<&str>,
+    ) -> Result<Vec<File>> {
+        self.with(|c| {
+            let mut st = c.prepare(
+                "SELECT id, purpose, filename, bytes, created FROM files WHERE tenant = ?1 \
+                 AND (?2 IS NULL OR rowid < (SELECT rowid FROM files WHERE id = ?2 AND tenant = ?1)) \
+                 AND (?3 IS NULL OR purpose = ?3) ORDER BY rowid DESC LIMIT ?4",
+            )?;
+            let rows = st.query_map(params![tenant, after, purpose, limit as i64], |r| {
+                Ok(File {
+                    id: r.get(0)?,
+                    purpose: r.get(1)?,
+                    filename: r.get(2)?,
+                    bytes: r.get::<_, i64>(3)?.max(0) as u64,
+                    created: r.get::<_, i64>(4)?.max(0) as u64,
+                })
+            })?;
+            rows.collect()
         })
     }
 

@@ -11,6 +11,7 @@
 //! - `:u:TENANT` (hash): `n` jobs queued or running, `b` bytes stored (limits hold
 //!   cluster-wide);
 //! - `:f:ID` (hash): a file — tenant, purpose, filename, bytes, created, content;
+//! - `:ft:TENANT` (zset): the tenant's file ids by `seq` (listing);
 //! - `:b:ID` (hash), `:bl:ID` (list): a batch — tenant, doc, status, total, completed, failed,
 //!   unfinished — and its job ids in line order;
 //! - `:bt:TENANT` (zset): the tenant's batch ids by creation;
@@ -268,6 +269,7 @@ redis.call('HSET', K..':f:'..ARGV[2], 'tenant', ARGV[1], 'purpose', ARGV[3],
   'filename', ARGV[4], 'bytes', ARGV[5], 'created', ARGV[6], 'content', ARGV[7])
 redis.call('HINCRBY', u, 'b', ARGV[5])
 redis.call('ZADD', K..':exp', ARGV[6], 'f:'..ARGV[2])
+redis.call('ZADD', K..':ft:'..ARGV[1], redis.call('INCR', K..':seq'), ARGV[2])
 return 1
 ",
     )
@@ -286,6 +288,36 @@ return redis.call('HMGET', f, 'purpose', 'filename', 'bytes', 'created')
     )
 });
 
+/// ARGV: tenant, after (id or ''), limit, purpose (or '') → {{id, purpose, filename, bytes,
+/// created}, …}: the tenant's files newest first, after `after`, of `purpose`.
+pub static FILES: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r"
+local z = K..':ft:'..ARGV[1]
+local max = '+inf'
+if ARGV[2] ~= '' then
+  local s = redis.call('ZSCORE', z, ARGV[2])
+  if not s then return {} end
+  max = '(' .. s
+end
+local want, purpose = tonumber(ARGV[3]), ARGV[4]
+local out, offset = {}, 0
+while #out < want do
+  local ids = redis.call('ZREVRANGEBYSCORE', z, max, '-inf', 'LIMIT', offset, 200)
+  if #ids == 0 then break end
+  offset = offset + #ids
+  for _, id in ipairs(ids) do
+    local h = redis.call('HMGET', K..':f:'..id, 'purpose', 'filename', 'bytes', 'created')
+    if h[1] and (purpose == '' or h[1] == purpose) and #out < want then
+      table.insert(out, {id, h[1], h[2], h[3], h[4]})
+    end
+  end
+end
+return out
+",
+    )
+});
+
 /// ARGV: tenant, id → 1 deleted, 0 no such file of this tenant.
 pub static FILE_DELETE: LazyLock<Script> = LazyLock::new(|| {
     script(
@@ -295,6 +327,7 @@ local h = redis.call('HMGET', f, 'tenant', 'bytes')
 if h[1] ~= ARGV[1] then return 0 end
 redis.call('HINCRBY', K..':u:'..ARGV[1], 'b', -tonumber(h[2]))
 redis.call('ZREM', K..':exp', 'f:'..ARGV[2])
+redis.call('ZREM', K..':ft:'..ARGV[1], ARGV[2])
 redis.call('DEL', f)
 return 1
 ",
@@ -421,6 +454,7 @@ for i = 6, #ARGV, 6 do
     'content', ARGV[i + 5])
   redis.call('HINCRBY', K..':u:'..tenant, 'b', ARGV[i + 3])
   redis.call('ZADD', K..':exp', ARGV[i + 4], 'f:'..ARGV[i])
+  redis.call('ZADD', K..':ft:'..tenant, redis.call('INCR', K..':seq'), ARGV[i])
 end
 redis.call('HSET', b, 'doc', ARGV[3], 'status', ARGV[4], 'finished', ARGV[5])
 redis.call('SREM', K..':open', bid)
@@ -456,6 +490,7 @@ for _, m in ipairs(items) do
     local h = redis.call('HMGET', f, 'tenant', 'bytes')
     if h[1] then
       redis.call('HINCRBY', K..':u:'..h[1], 'b', -tonumber(h[2]))
+      redis.call('ZREM', K..':ft:'..h[1], id)
       redis.call('DEL', f)
     end
   else
