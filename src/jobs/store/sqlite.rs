@@ -248,15 +248,7 @@ impl Sqlite {
             c.query_row(
                 "SELECT id, purpose, filename, bytes, created FROM files WHERE id = ?1 AND tenant = ?2",
                 [id, tenant],
-                |r| {
-                    Ok(File {
-                        id: r.get(0)?,
-                        purpose: r.get(1)?,
-                        filename: r.get(2)?,
-                        bytes: r.get::<_, i64>(3)?.max(0) as u64,
-                        created: r.get::<_, i64>(4)?.max(0) as u64,
-                    })
-                },
+                file_row,
             )
             .optional()
         })
@@ -408,15 +400,7 @@ impl Sqlite {
                  AND (?2 IS NULL OR rowid < (SELECT rowid FROM files WHERE id = ?2 AND tenant = ?1)) \
                  AND (?3 IS NULL OR purpose = ?3) ORDER BY rowid DESC LIMIT ?4",
             )?;
-            let rows = st.query_map(params![tenant, after, purpose, limit as i64], |r| {
-                Ok(File {
-                    id: r.get(0)?,
-                    purpose: r.get(1)?,
-                    filename: r.get(2)?,
-                    bytes: r.get::<_, i64>(3)?.max(0) as u64,
-                    created: r.get::<_, i64>(4)?.max(0) as u64,
-                })
-            })?;
+            let rows = st.query_map(params![tenant, after, purpose, limit as i64], file_row)?;
             rows.collect()
         })
     }
@@ -535,6 +519,17 @@ impl Sqlite {
             rows.collect()
         })
     }
+}
+
+/// A file from a row of `id, purpose, filename, bytes, created`.
+fn file_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<File> {
+    Ok(File {
+        id: r.get(0)?,
+        purpose: r.get(1)?,
+        filename: r.get(2)?,
+        bytes: r.get::<_, i64>(3)?.max(0) as u64,
+        created: r.get::<_, i64>(4)?.max(0) as u64,
+    })
 }
 
 #[cfg(test)]

@@ -254,17 +254,35 @@ async fn files_are_listed_per_tenant_newest_first_and_deleted_from_the_listing()
         bytes: 2,
         created: 1,
     };
-    for (t, id, p) in [("a", "f1", "batch"), ("a", "f2", "batch"), ("b", "g1", "batch")] {
+    for (t, id, p) in [
+        ("a", "f1", "batch"),
+        ("a", "f2", "batch"),
+        ("b", "g1", "batch"),
+    ] {
         s.insert_file(t, &file(id, p), b"{}").await.unwrap();
     }
-    s.insert_file("a", &file("f3", "batch_output"), b"{}").await.unwrap();
+    s.insert_file("a", &file("f3", "batch_output"), b"{}")
+        .await
+        .unwrap();
     let ids = |v: Vec<File>| v.into_iter().map(|f| f.id).collect::<Vec<_>>();
-    assert_eq!(ids(s.files("a", None, 10, None).await.unwrap()), ["f3", "f2", "f1"]);
-    assert_eq!(ids(s.files("a", None, 10, Some("batch")).await.unwrap()), ["f2", "f1"]);
-    assert_eq!(ids(s.files("a", Some("f3"), 1, None).await.unwrap()), ["f2"]);
+    assert_eq!(
+        ids(s.files("a", None, 10, None).await.unwrap()),
+        ["f3", "f2", "f1"]
+    );
+    assert_eq!(
+        ids(s.files("a", None, 10, Some("batch")).await.unwrap()),
+        ["f2", "f1"]
+    );
+    assert_eq!(
+        ids(s.files("a", Some("f3"), 1, None).await.unwrap()),
+        ["f2"]
+    );
     assert_eq!(ids(s.files("b", None, 10, None).await.unwrap()), ["g1"]);
     assert!(s.delete_file("a", "f2").await.unwrap());
-    assert_eq!(ids(s.files("a", None, 10, None).await.unwrap()), ["f3", "f1"]);
+    assert_eq!(
+        ids(s.files("a", None, 10, None).await.unwrap()),
+        ["f3", "f1"]
+    );
     // Retention removes a file from the listing too.
     assert!(s.cleanup(now() + 10).await.unwrap() >= 3);
     assert!(s.files("a", None, 10, None).await.unwrap().is_empty());
