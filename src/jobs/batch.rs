@@ -410,25 +410,15 @@ fn window_secs(w: &str) -> Option<u64> {
 /// Stops every open batch whose completion window has ended: its queued lines will not run
 /// (`batch_expired` in the error file), lines already running finish and are recorded, and once
 /// none runs the batch is finalized as `expired` with what completed. Shows `finalizing`
-/// meanwhile. Called by the runner every few seconds.
+/// meanwhile. Called by the runner every few seconds; the store finds the due batches by
+/// expiry (a tenant's thousands of open batches are not each read every time).
 pub async fn expire_due(jobs: &Jobs) -> Result<usize, Error> {
     let store = jobs.store();
-    let now = store::now();
     let mut expired = 0;
-    for id in store.open_batches().await? {
-        let Some(tenant) = store.batch_tenant(&id).await? else {
-            continue;
-        };
-        let Some(raw) = store.batch(&tenant, &id).await? else {
-            continue;
-        };
+    for (tenant, id, raw) in store.due_batches(store::now()).await? {
         let mut doc: Value = serde_json::from_str(&raw).unwrap_or(Value::Null);
-        let due = doc["expires_at"].as_u64().is_some_and(|t| t <= now);
-        if doc["status"] != "in_progress" || !due {
-            continue;
-        }
         doc["status"] = json!("finalizing");
-        doc["expired_at"] = json!(now);
+        doc["expired_at"] = json!(store::now());
         if store.cancel_batch(&tenant, &id, &doc.to_string()).await? {
             expired += 1;
             finalize_if_done(jobs, &id).await?;

@@ -52,6 +52,9 @@ pub enum StoreError {
 pub type Result<T> = std::result::Result<T, StoreError>;
 
 /// States a job can be in.
+/// Most batches one [`Store::due_batches`] call returns.
+pub const DUE_BATCHES: usize = 1000;
+
 pub mod state {
     /// Waiting for a runner.
     pub const QUEUED: &str = "queued";
@@ -406,6 +409,12 @@ impl Store {
     pub async fn batch_tenant(&self, id: &str) -> Result<Option<String>> {
         let i = id.to_owned();
         dispatch!(self, |s| s.batch_tenant(&i), |r| r.batch_tenant(id))
+    }
+
+    /// (tenant, id, doc) of `in_progress` batches whose `expires_at` is at or before `now`, at
+    /// most [`DUE_BATCHES`] a call: one query by expiry, not a read of every open batch.
+    pub async fn due_batches(&self, now: u64) -> Result<Vec<(String, String, String)>> {
+        dispatch!(self, |s| s.due_batches(now), |r| r.due_batches(now))
     }
 
     /// Batches not yet in a final status.

@@ -419,6 +419,21 @@ impl RedisStore {
             .collect()
     }
 
+    pub(super) async fn due_batches(&self, now: u64) -> Result<Vec<(String, String, String)>> {
+        let args = [a(now), a(super::DUE_BATCHES)];
+        array(self.call(&scripts::DUE, &args).await?)?
+            .into_iter()
+            .map(|row| {
+                let [tenant, id, doc] = fields(row)?;
+                Ok((
+                    string(tenant).ok_or(StoreError::Shape)?,
+                    string(id).ok_or(StoreError::Shape)?,
+                    string(doc).ok_or(StoreError::Shape)?,
+                ))
+            })
+            .collect()
+    }
+
     pub(super) async fn open_batches(&self) -> Result<Vec<String>> {
         strings(self.call(&scripts::OPEN, &[]).await?)
     }

@@ -37,6 +37,8 @@ CREATE INDEX IF NOT EXISTS files_tenant ON files(tenant);
 CREATE TABLE IF NOT EXISTS batches(
   id TEXT PRIMARY KEY, tenant TEXT NOT NULL, doc TEXT NOT NULL, status TEXT NOT NULL,
   created INTEGER NOT NULL, finished INTEGER);
+CREATE INDEX IF NOT EXISTS batches_due ON batches(json_extract(doc, '$.expires_at'))
+  WHERE status = 'in_progress';
 ";
 
 /// The SQLite store (one connection behind a mutex).
@@ -463,6 +465,20 @@ impl Sqlite {
                 r.get(0)
             })
             .optional()
+        })
+    }
+
+    /// See [`super::Store::due_batches`]; `batches_due` indexes the `in_progress` ones by expiry.
+    pub fn due_batches(&self, now: u64) -> Result<Vec<(String, String, String)>> {
+        self.with(|c| {
+            let mut st = c.prepare(
+                "SELECT tenant, id, doc FROM batches WHERE status = 'in_progress' \
+                 AND json_extract(doc, '$.expires_at') <= ?1 LIMIT ?2",
+            )?;
+            let rows = st.query_map(params![now as i64, super::DUE_BATCHES as i64], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+            })?;
+            rows.collect()
         })
     }
 

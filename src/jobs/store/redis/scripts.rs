@@ -16,6 +16,7 @@
 //!   unfinished — and its job ids in line order;
 //! - `:bt:TENANT` (zset): the tenant's batch ids by creation;
 //! - `:open` (set): batches not in a final status;
+//! - `:bexp` (zset): `in_progress` batch ids by `expires_at` (completion windows);
 //! - `:exp` (zset): `j:ID`, `b:ID`, `f:ID` by finish (files: creation) time, for retention;
 //! - `:age` (zset): queued job ids by creation time (oldest queued);
 //! - `:st` (hash): `TENANT\nSTATE` → jobs (`fairgate_jobs`).
@@ -74,6 +75,9 @@ if bid ~= '' then
     'created', now, 'total', n, 'completed', 0, 'failed', 0, 'unfinished', n)
   redis.call('ZADD', K..':bt:'..tenant, redis.call('INCR', K..':seq'), bid)
   redis.call('SADD', K..':open', bid)
+  local ok, doc = pcall(cjson.decode, ARGV[4])
+  local expires = ok and type(doc) == 'table' and tonumber(doc.expires_at)
+  if expires then redis.call('ZADD', K..':bexp', expires, bid) end
 end
 for i = 7, #ARGV, 6 do
   local id = ARGV[i]
@@ -289,7 +293,9 @@ return redis.call('HMGET', f, 'purpose', 'filename', 'bytes', 'created')
 });
 
 /// ARGV: tenant, after (id or ''), limit, purpose (or '') → {{id, purpose, filename, bytes,
-/// created}, …}: the tenant's files newest first, after `after`, of `purpose`.
+/// created}, …}: the tenant's files newest first, after `after`, of `purpose`. One call reads
+/// at most `limit` + 10,000 index entries, so a tenant with a million small files of another
+/// purpose cannot make one listing block Redis (it gets fewer rows; `after` goes on from them).
 pub static FILES: LazyLock<Script> = LazyLock::new(|| {
     script(
         r"
@@ -302,7 +308,7 @@ if ARGV[2] ~= '' then
 end
 local want, purpose = tonumber(ARGV[3]), ARGV[4]
 local out, offset = {}, 0
-while #out < want do
+while #out < want and offset < want + 10000 do
   local ids = redis.call('ZREVRANGEBYSCORE', z, max, '-inf', 'LIMIT', offset, 200)
   if #ids == 0 then break end
   offset = offset + #ids
@@ -433,6 +439,26 @@ return out
     )
 });
 
+/// ARGV: now (unix seconds), max → {{tenant, id, doc}, …} of `in_progress` batches whose
+/// completion window ended; ids of batches no longer `in_progress` leave `:bexp` on the way.
+pub static DUE: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r"
+local out = {}
+for _, id in ipairs(redis.call('ZRANGEBYSCORE', K..':bexp', '-inf', ARGV[1], 'LIMIT', 0,
+    tonumber(ARGV[2]))) do
+  local h = redis.call('HMGET', K..':b:'..id, 'status', 'tenant', 'doc')
+  if h[1] == 'in_progress' then
+    table.insert(out, {h[2], id, h[3]})
+  else
+    redis.call('ZREM', K..':bexp', id)
+  end
+end
+return out
+",
+    )
+});
+
 /// → ids of batches not in a final status.
 pub static OPEN: LazyLock<Script> =
     LazyLock::new(|| script("return redis.call('SMEMBERS', K..':open')"));
@@ -458,6 +484,7 @@ for i = 6, #ARGV, 6 do
 end
 redis.call('HSET', b, 'doc', ARGV[3], 'status', ARGV[4], 'finished', ARGV[5])
 redis.call('SREM', K..':open', bid)
+redis.call('ZREM', K..':bexp', bid)
 redis.call('ZADD', K..':exp', ARGV[5], 'b:'..bid)
 return 1
 ",
@@ -498,6 +525,7 @@ for _, m in ipairs(items) do
     for _, jid in ipairs(redis.call('LRANGE', K..':bl:'..id, 0, -1)) do drop_job(jid) end
     local tenant = redis.call('HGET', b, 'tenant')
     if tenant then redis.call('ZREM', K..':bt:'..tenant, id) end
+    redis.call('ZREM', K..':bexp', id)
     redis.call('DEL', b, K..':bl:'..id)
   end
 end

@@ -287,3 +287,30 @@ async fn files_are_listed_per_tenant_newest_first_and_deleted_from_the_listing()
     assert!(s.cleanup(now() + 10).await.unwrap() >= 3);
     assert!(s.files("a", None, 10, None).await.unwrap().is_empty());
 }
+
+#[tokio::test]
+async fn due_batches_are_found_by_expiry_and_only_while_in_progress() {
+    let Some(srv) = server() else { return };
+    let s = store(&srv, 60_000).await;
+    let batch = |id: &str, expires: u64| {
+        Some((
+            id.to_owned(),
+            format!(r#"{{"id":"{id}","expires_at":{expires}}}"#),
+        ))
+    };
+    s.insert("a", &[job("j1", Some(("b1", 0)))], batch("b1", 5))
+        .await
+        .unwrap();
+    s.insert("a", &[job("j2", Some(("b2", 0)))], batch("b2", 50))
+        .await
+        .unwrap();
+    let due = s.due_batches(10).await.unwrap();
+    assert_eq!(due.len(), 1);
+    assert_eq!((due[0].0.as_str(), due[0].1.as_str()), ("a", "b1"));
+    assert!(s.cancel_batch("a", "b1", "{}").await.unwrap());
+    assert!(
+        s.due_batches(10).await.unwrap().is_empty(),
+        "no longer in progress"
+    );
+    assert_eq!(s.due_batches(60).await.unwrap().len(), 1);
+}
