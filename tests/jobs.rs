@@ -28,6 +28,26 @@ fn jobs_config(base_url: &str, jobs_extra: &str, upstream: &str, tenant_b: &str)
     )
 }
 
+/// fairgate in front of `mock` with `[jobs]` (and `jobs_extra`) on the default test config.
+async fn jobs_proxy(
+    mock: &fairgate::mock::MockServer,
+    jobs_extra: &str,
+) -> fairgate::server::ServerHandle {
+    proxy(&jobs_config(&mock.base_url(), jobs_extra, "", "")).await
+}
+
+/// A chat of `gpt-4o-mini` as tenant `key` with `headers`, through fairgate at `addr`.
+async fn chat_as(addr: std::net::SocketAddr, key: &str, headers: &[(&str, &str)]) -> Collected {
+    send(post(
+        addr,
+        "/v1/chat/completions",
+        Some(key),
+        &chat("gpt-4o-mini"),
+        headers,
+    ))
+    .await
+}
+
 fn get(addr: std::net::SocketAddr, path: &str, key: &str) -> Request<Full<Bytes>> {
     Request::get(format!("http://{addr}{path}"))
         .header("authorization", format!("Bearer {key}"))
@@ -55,14 +75,7 @@ async fn respond_async_answers_202_then_the_synchronous_answer_to_its_tenant_onl
     let mock = mock().await;
     let models = "models = [\"gpt-4o-mini\"]";
     let proxy = proxy(&jobs_config(&mock.base_url(), "", models, "")).await;
-    let r = send(post(
-        proxy.addr,
-        "/v1/chat/completions",
-        Some(KEY_A),
-        &chat("gpt-4o-mini"),
-        &[ASYNC],
-    ))
-    .await;
+    let r = chat_as(proxy.addr, KEY_A, &[ASYNC]).await;
     assert_eq!(r.status, 202, "{}", String::from_utf8_lossy(&r.body));
     assert_eq!(r.headers["preference-applied"], "respond-async");
     let v = r.json();
@@ -116,7 +129,7 @@ async fn respond_async_answers_202_then_the_synchronous_answer_to_its_tenant_onl
 #[tokio::test]
 async fn stream_with_respond_async_is_a_400_that_says_why() {
     let mock = mock().await;
-    let proxy = proxy(&jobs_config(&mock.base_url(), "", "", "")).await;
+    let proxy = jobs_proxy(&mock, "").await;
     let body = r#"{"model":"gpt-4o-mini","stream":true,"messages":[]}"#;
     let r = send(post(
         proxy.addr,
@@ -137,14 +150,7 @@ async fn stream_with_respond_async_is_a_400_that_says_why() {
 #[tokio::test]
 async fn without_jobs_configured_respond_async_is_ignored() {
     let (mock, proxy) = pair().await;
-    let r = send(post(
-        proxy.addr,
-        "/v1/chat/completions",
-        Some(KEY_A),
-        &chat("gpt-4o-mini"),
-        &[ASYNC],
-    ))
-    .await;
+    let r = chat_as(proxy.addr, KEY_A, &[ASYNC]).await;
     assert_eq!(r.status, 200);
     assert!(!r.headers.contains_key("preference-applied"));
     assert_eq!(mock.stats.requests(), 1);
@@ -153,23 +159,10 @@ async fn without_jobs_configured_respond_async_is_ignored() {
 #[tokio::test]
 async fn a_tenant_never_has_more_than_max_inflight_jobs_in_the_stack_and_delete_cancels() {
     let mock = mock_slow(40).await;
-    let proxy = proxy(&jobs_config(
-        &mock.base_url(),
-        "max_inflight_per_tenant = 2",
-        "",
-        "",
-    ))
-    .await;
+    let proxy = jobs_proxy(&mock, "max_inflight_per_tenant = 2").await;
     let mut locations = Vec::new();
     for _ in 0..8 {
-        let r = send(post(
-            proxy.addr,
-            "/v1/chat/completions",
-            Some(KEY_A),
-            &chat("gpt-4o-mini"),
-            &[ASYNC],
-        ))
-        .await;
+        let r = chat_as(proxy.addr, KEY_A, &[ASYNC]).await;
         assert_eq!(r.status, 202);
         locations.push(r.headers["location"].to_str().unwrap().to_owned());
     }
@@ -225,25 +218,11 @@ async fn a_full_queue_becomes_a_job_with_respond_async_and_stays_a_429_without()
     )));
     assert!(eventually(|| pools[0].load().0 == 1).await, "one queued");
     // Without the header: refused as before.
-    let r = send(post(
-        addr,
-        "/v1/chat/completions",
-        Some(KEY_B),
-        &chat("gpt-4o-mini"),
-        &[],
-    ))
-    .await;
+    let r = chat_as(addr, KEY_B, &[]).await;
     r.assert_error(429, "rate_limit_exceeded");
     assert!(!r.headers.contains_key("preference-applied"));
     // With `respond-async, wait`: tried synchronously, refused, so a job.
-    let r = send(post(
-        addr,
-        "/v1/chat/completions",
-        Some(KEY_B),
-        &chat("gpt-4o-mini"),
-        &[("prefer", "respond-async, wait=5")],
-    ))
-    .await;
+    let r = chat_as(addr, KEY_B, &[("prefer", "respond-async, wait=5")]).await;
     assert_eq!(r.status, 202, "{}", String::from_utf8_lossy(&r.body));
     assert_eq!(r.headers["preference-applied"], "respond-async");
     let location = r.headers["location"].to_str().unwrap().to_owned();
@@ -257,43 +236,16 @@ async fn a_full_queue_becomes_a_job_with_respond_async_and_stays_a_429_without()
 #[tokio::test]
 async fn queued_jobs_beyond_the_tenant_limit_are_a_429_tenant() {
     let mock = mock_slow(200).await;
-    let proxy = proxy(&jobs_config(
-        &mock.base_url(),
-        "max_queued_jobs_per_tenant = 2",
-        "",
-        "",
-    ))
-    .await;
+    let proxy = jobs_proxy(&mock, "max_queued_jobs_per_tenant = 2").await;
     for _ in 0..2 {
-        let r = send(post(
-            proxy.addr,
-            "/v1/chat/completions",
-            Some(KEY_A),
-            &chat("gpt-4o-mini"),
-            &[ASYNC],
-        ))
-        .await;
+        let r = chat_as(proxy.addr, KEY_A, &[ASYNC]).await;
         assert_eq!(r.status, 202);
     }
-    let r = send(post(
-        proxy.addr,
-        "/v1/chat/completions",
-        Some(KEY_A),
-        &chat("gpt-4o-mini"),
-        &[ASYNC],
-    ))
-    .await;
+    let r = chat_as(proxy.addr, KEY_A, &[ASYNC]).await;
     r.assert_error(429, "job_limit_exceeded");
     assert_eq!(r.headers["x-fairgate-limit"], "tenant");
     // Another tenant's jobs are not counted against it.
-    let r = send(post(
-        proxy.addr,
-        "/v1/chat/completions",
-        Some(KEY_B),
-        &chat("gpt-4o-mini"),
-        &[ASYNC],
-    ))
-    .await;
+    let r = chat_as(proxy.addr, KEY_B, &[ASYNC]).await;
     assert_eq!(r.status, 202);
 }
 
@@ -354,7 +306,7 @@ mod batch_api {
     #[tokio::test]
     async fn files_and_batches_work_through_the_official_client() {
         let mock = mock().await;
-        let proxy = proxy(&jobs_config(&mock.base_url(), "", "", "")).await;
+        let proxy = jobs_proxy(&mock, "").await;
         let a = openai(proxy.addr, KEY_A);
         let file = upload(&a, input(20)).await;
         assert_eq!(
@@ -439,7 +391,7 @@ mod batch_api {
     #[tokio::test]
     async fn a_bad_line_fails_the_batch_naming_the_line_and_nothing_runs() {
         let mock = mock().await;
-        let proxy = proxy(&jobs_config(&mock.base_url(), "", "", "")).await;
+        let proxy = jobs_proxy(&mock, "").await;
         let a = openai(proxy.addr, KEY_A);
         let mut content = input(3);
         content.extend_from_slice(b"{\"custom_id\":\"x\",\"method\":\"GET\",\"url\":\"/v1/chat/completions\",\"body\":{\"model\":\"m\"}}\n");
@@ -460,7 +412,7 @@ mod batch_api {
     #[tokio::test]
     async fn files_are_listed_per_tenant_newest_first() {
         let mock = mock().await;
-        let proxy = proxy(&jobs_config(&mock.base_url(), "", "", "")).await;
+        let proxy = jobs_proxy(&mock, "").await;
         let (a, b) = (openai(proxy.addr, KEY_A), openai(proxy.addr, KEY_B));
         let mut mine = Vec::new();
         for n in 1..=3 {
@@ -514,13 +466,7 @@ mod batch_api {
         String,
     ) {
         let mock = mock_slow(ms).await;
-        let proxy = proxy(&jobs_config(
-            &mock.base_url(),
-            "max_inflight_per_tenant = 1",
-            "",
-            "",
-        ))
-        .await;
+        let proxy = jobs_proxy(&mock, "max_inflight_per_tenant = 1").await;
         let a = openai(proxy.addr, KEY_A);
         let file = upload(&a, input(lines)).await;
         (mock, proxy, a, file)
@@ -647,13 +593,7 @@ mod batch_api {
 #[tokio::test]
 async fn stored_bytes_beyond_the_tenant_limit_are_a_429_tenant() {
     let mock = mock().await;
-    let proxy = proxy(&jobs_config(
-        &mock.base_url(),
-        "max_stored_bytes_per_tenant = 300",
-        "",
-        "",
-    ))
-    .await;
+    let proxy = jobs_proxy(&mock, "max_stored_bytes_per_tenant = 300").await;
     let upload = |key: &str, content: &str| {
         let body = format!(
             "--B\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n--B\r\n\

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use fairgate::mock::MockConfig;
 
-use crate::common::{chat, config, mock_with, post, proxy, send, Collected, KEY_A, KEY_B};
-use crate::support::{figure, scrape, value};
+use crate::common::{config, mock_with, post, proxy, send, Collected, KEY_A, KEY_B};
+use crate::support::{figure, scrape, value, victim_run};
 
 const MIB: usize = 1 << 20;
 const ATTACK: usize = 16;
@@ -21,22 +21,6 @@ fn big(size: usize) -> String {
         r#"{{"model":"gpt-4o-mini","max_tokens":4,"messages":[{{"role":"user","content":"hi"}}],"blob":"{}"}}"#,
         "x".repeat(size)
     )
-}
-
-async fn victim(addr: std::net::SocketAddr) -> usize {
-    let mut ok = 0;
-    for _ in 0..VICTIM_REQUESTS {
-        let r = send(post(
-            addr,
-            "/v1/chat/completions",
-            Some(KEY_B),
-            &chat("gpt-4o-mini"),
-            &[],
-        ))
-        .await;
-        ok += usize::from(r.status == 200);
-    }
-    ok
 }
 
 #[tokio::test]
@@ -54,7 +38,9 @@ async fn big_cheap_bodies_are_bounded_in_bytes_and_the_victim_served() {
         1,
     );
     let proxy = proxy(&toml).await;
-    let alone = victim(proxy.addr).await;
+    let alone = victim_run(proxy.addr, &mock.stats, KEY_B, VICTIM_REQUESTS, &[])
+        .await
+        .ok;
 
     let addr = proxy.addr;
     let body = big(MIB);
@@ -67,7 +53,9 @@ async fn big_cheap_bodies_are_bounded_in_bytes_and_the_victim_served() {
         })
         .collect();
     tokio::time::sleep(Duration::from_millis(50)).await;
-    let under_attack = victim(addr).await;
+    let under_attack = victim_run(addr, &mock.stats, KEY_B, VICTIM_REQUESTS, &[])
+        .await
+        .ok;
     let mut answers: Vec<Collected> = Vec::new();
     for a in attack {
         answers.push(a.await.unwrap());

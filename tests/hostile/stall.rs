@@ -3,7 +3,6 @@
 //! polled); on a pool of one slot, the victim is served once `client_write_timeout_ms` cuts the
 //! attacker, and `fairgate_rejected_total{reason="client_stalled"}` counts the cut.
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -12,8 +11,8 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpSocket;
 
-use crate::common::{chat, config, eventually, mock, post, proxy, send, KEY_A, KEY_B};
-use crate::support::{figure, scrape, value};
+use crate::common::{config, eventually, mock, proxy, KEY_A, KEY_B};
+use crate::support::{figure, scrape, value, victim_run};
 
 /// The attacker's request: a long answer (100 000 tokens).
 fn long(stream: bool) -> String {
@@ -26,28 +25,13 @@ const SERVER: &str = "client_write_timeout_ms = 300";
 const POOL: &str = "max_concurrency = 1";
 const VICTIM_REQUESTS: usize = 5;
 
-/// The victim's requests, one after the other: how many were answered 200.
-async fn victim(addr: SocketAddr) -> usize {
-    let mut ok = 0;
-    for _ in 0..VICTIM_REQUESTS {
-        let r = send(post(
-            addr,
-            "/v1/chat/completions",
-            Some(KEY_B),
-            &chat("gpt-4o-mini"),
-            &[],
-        ))
-        .await;
-        ok += usize::from(r.status == 200);
-    }
-    ok
-}
-
 #[tokio::test]
 async fn http1_client_that_never_reads_is_cut_and_the_victim_served() {
     let mock = mock().await;
     let proxy = proxy(&config(&mock.base_url(), SERVER, POOL, "")).await;
-    let alone = victim(proxy.addr).await;
+    let alone = victim_run(proxy.addr, &mock.stats, KEY_B, VICTIM_REQUESTS, &[])
+        .await
+        .ok;
 
     // The attacker: a small receive buffer, a streamed answer of ~20 MB, never a byte read.
     let socket = TcpSocket::new_v4().unwrap();
@@ -62,7 +46,9 @@ async fn http1_client_that_never_reads_is_cut_and_the_victim_served() {
     attacker.write_all(req.as_bytes()).await.unwrap();
     assert!(eventually(|| mock.stats.requests() > alone as u64).await);
 
-    let under_attack = victim(proxy.addr).await;
+    let under_attack = victim_run(proxy.addr, &mock.stats, KEY_B, VICTIM_REQUESTS, &[])
+        .await
+        .ok;
     let metrics = scrape(proxy.addr).await;
     let stalled = value(
         &metrics,
@@ -100,7 +86,9 @@ async fn h2_sse_stream_whose_window_stays_shut_is_cut_and_the_victim_served() {
 async fn h2_attack(stream: bool) {
     let mock = mock().await;
     let proxy = proxy(&config(&mock.base_url(), SERVER, POOL, "")).await;
-    let alone = victim(proxy.addr).await;
+    let alone = victim_run(proxy.addr, &mock.stats, KEY_B, VICTIM_REQUESTS, &[])
+        .await
+        .ok;
 
     // The attacker: h2 with a 16-byte stream window, the response body never polled.
     let tcp = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
@@ -122,7 +110,9 @@ async fn h2_attack(stream: bool) {
         .unwrap();
     assert_eq!(head.status(), 200);
 
-    let under_attack = victim(proxy.addr).await;
+    let under_attack = victim_run(proxy.addr, &mock.stats, KEY_B, VICTIM_REQUESTS, &[])
+        .await
+        .ok;
     let metrics = scrape(proxy.addr).await;
     let stalled = value(
         &metrics,
