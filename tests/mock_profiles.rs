@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
@@ -42,19 +42,8 @@ async fn chat(mock: &MockServer, body: &str, headers: &[(&str, &str)]) -> Collec
 
 /// The body as sent before `content-encoding` was applied.
 fn decoded(headers: &HeaderMap, body: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    let coding = headers.get("content-encoding").map(|v| v.to_str().unwrap());
-    let read = match coding {
-        None => return body.to_vec(),
-        Some("gzip") => flate2::read::GzDecoder::new(body).read_to_end(&mut out),
-        Some("deflate") => flate2::read::ZlibDecoder::new(body).read_to_end(&mut out),
-        Some("br") => brotli::Decompressor::new(body, 4096).read_to_end(&mut out),
-        Some("zstd") => zstd::stream::read::Decoder::new(body)
-            .unwrap()
-            .read_to_end(&mut out),
-        Some(other) => panic!("unexpected content-encoding {other}"),
-    };
-    read.unwrap_or_else(|e| panic!("{coding:?} body decodes: {e}"));
+    let (out, read) = decode(headers, body);
+    read.unwrap_or_else(|e| panic!("{:?} body decodes: {e}", headers.get("content-encoding")));
     out
 }
 

@@ -253,3 +253,21 @@ pub fn value(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
         })
         .and_then(|l| l.rsplit(' ').next()?.parse().ok())
 }
+
+/// `body` as it was before its `content-encoding` (gzip, deflate, br, zstd) was applied: what
+/// decoded, and whether all of it did (a stream cut mid-way decodes only in part).
+pub fn decode(headers: &http::HeaderMap, body: &[u8]) -> (Vec<u8>, std::io::Result<usize>) {
+    use std::io::Read;
+    let mut out = Vec::new();
+    let read = match headers.get("content-encoding").map(|v| v.to_str().unwrap()) {
+        None => return (body.to_vec(), Ok(body.len())),
+        Some("gzip") => flate2::read::GzDecoder::new(body).read_to_end(&mut out),
+        Some("deflate") => flate2::read::ZlibDecoder::new(body).read_to_end(&mut out),
+        Some("br") => brotli::Decompressor::new(body, 4096).read_to_end(&mut out),
+        Some("zstd") => {
+            zstd::stream::read::Decoder::new(body).and_then(|mut d| d.read_to_end(&mut out))
+        }
+        Some(other) => panic!("unexpected content-encoding {other}"),
+    };
+    (out, read)
+}
