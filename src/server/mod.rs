@@ -735,29 +735,26 @@ mod tests {
             assert_eq!(v["error"]["code"], "internal_error");
             v["error"]["message"].as_str().unwrap().to_owned()
         };
+        // The stages above the two under test, in order.
+        let top = || {
+            ServiceBuilder::new()
+                .layer(render::Layer)
+                .layer(tenant::Layer(s.tenants.clone()))
+                .layer(body::Layer {
+                    max_body_bytes: 1 << 20,
+                    budget: s.tenant_bytes.clone(),
+                })
+                .layer(route::Layer(s.router.clone()))
+        };
         // Admission above estimation: the estimate it charges is not there yet.
-        let misordered = ServiceBuilder::new()
-            .layer(render::Layer)
-            .layer(tenant::Layer(s.tenants.clone()))
-            .layer(body::Layer {
-                max_body_bytes: 1 << 20,
-                budget: s.tenant_bytes.clone(),
-            })
-            .layer(route::Layer(s.router.clone()))
+        let misordered = top()
             .layer(admission::Layer(s.admission.clone()))
             .layer(estimate::Layer::new(s.estimator.clone()))
             .service(ok());
         let m = message(misordered.oneshot(chat()).await.unwrap()).await;
         assert!(m.contains("`estimate` must run"), "{m}");
         // The queue without admission: no deadline decision to honour.
-        let unadmitted = ServiceBuilder::new()
-            .layer(render::Layer)
-            .layer(tenant::Layer(s.tenants.clone()))
-            .layer(body::Layer {
-                max_body_bytes: 1 << 20,
-                budget: s.tenant_bytes.clone(),
-            })
-            .layer(route::Layer(s.router.clone()))
+        let unadmitted = top()
             .layer(estimate::Layer::new(s.estimator.clone()))
             .layer(queue::Layer {
                 pools: s.pools.clone(),
