@@ -340,17 +340,12 @@ mod batch_api {
             .content(done.output_file_id.as_deref().unwrap())
             .await
             .unwrap();
-        let mut ids: Vec<String> = out
-            .split(|&b| b == b'\n')
-            .filter(|l| !l.is_empty())
-            .map(|l| {
-                let v: serde_json::Value = serde_json::from_slice(l).unwrap();
-                assert_eq!(v["response"]["status_code"], 200);
-                assert_eq!(v["response"]["body"]["object"], "chat.completion");
-                v["custom_id"].as_str().unwrap().to_owned()
-            })
-            .collect();
-        ids.sort();
+        let records = jsonl(&out);
+        for v in &records {
+            assert_eq!(v["response"]["status_code"], 200);
+            assert_eq!(v["response"]["body"]["object"], "chat.completion");
+        }
+        let ids = custom_ids(&records);
         let mut want: Vec<String> = (0..20).map(|i| format!("req-{i}")).collect();
         want.sort();
         assert_eq!(ids, want, "every custom_id exactly once");
@@ -552,19 +547,13 @@ mod batch_api {
         assert!(ran > 0 && ran < 40, "{ran} of 40 lines ran");
         let counts = done.request_counts.unwrap();
         assert_eq!((counts.total, u64::from(counts.completed)), (40, ran));
-        let lines = |b: &[u8]| -> Vec<serde_json::Value> {
-            b.split(|&c| c == b'\n')
-                .filter(|l| !l.is_empty())
-                .map(|l| serde_json::from_slice(l).unwrap())
-                .collect()
-        };
-        let out = lines(
+        let out = jsonl(
             &a.files()
                 .content(done.output_file_id.as_deref().unwrap())
                 .await
                 .unwrap(),
         );
-        let err = lines(
+        let err = jsonl(
             &a.files()
                 .content(done.error_file_id.as_deref().unwrap())
                 .await
@@ -575,16 +564,11 @@ mod batch_api {
             err.iter().all(|l| l["error"]["code"] == "batch_expired"),
             "{err:?}"
         );
-        let mut ids: Vec<_> = out
-            .iter()
-            .chain(&err)
-            .map(|l| l["custom_id"].clone())
-            .collect();
-        ids.sort_by_key(|v| v.as_str().unwrap().to_owned());
-        ids.dedup();
+        let mut want: Vec<String> = (0..40).map(|i| format!("req-{i}")).collect();
+        want.sort();
         assert_eq!(
-            ids.len(),
-            40,
+            custom_ids(&[out, err].concat()),
+            want,
             "each custom id once, in one of the two files"
         );
     }

@@ -108,18 +108,11 @@ async fn output_ids(addr: SocketAddr, doc: &Value) -> Vec<String> {
     let file = doc["output_file_id"].as_str().expect("an output file");
     let r = send(get(addr, &format!("/v1/files/{file}/content"), KEY_A)).await;
     assert_eq!(r.status, 200);
-    let mut ids: Vec<String> = r
-        .body
-        .split(|&b| b == b'\n')
-        .filter(|l| !l.is_empty())
-        .map(|l| {
-            let v: Value = serde_json::from_slice(l).unwrap();
-            assert_eq!(v["response"]["status_code"], 200, "{v}");
-            v["custom_id"].as_str().unwrap().to_owned()
-        })
-        .collect();
-    ids.sort();
-    ids
+    let records = jsonl(&r.body);
+    for v in &records {
+        assert_eq!(v["response"]["status_code"], 200, "{v}");
+    }
+    custom_ids(&records)
 }
 
 fn want(n: usize) -> Vec<String> {

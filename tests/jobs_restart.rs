@@ -141,16 +141,7 @@ async fn completed_ids(c: &Client<OpenAIConfig>, id: &str) -> Vec<String> {
         .content(done.output_file_id.as_deref().unwrap())
         .await
         .unwrap();
-    let mut ids: Vec<String> = out
-        .split(|&b| b == b'\n')
-        .filter(|l| !l.is_empty())
-        .map(|l| {
-            let v: serde_json::Value = serde_json::from_slice(l).unwrap();
-            v["custom_id"].as_str().unwrap().to_owned()
-        })
-        .collect();
-    ids.sort();
-    ids
+    common::custom_ids(&common::jsonl(&out))
 }
 
 /// Every custom id once, and no finished line sent again (`sent` requests for `LINES` lines;

@@ -271,3 +271,21 @@ pub fn decode(headers: &http::HeaderMap, body: &[u8]) -> (Vec<u8>, std::io::Resu
     };
     (out, read)
 }
+
+/// The JSON records of a JSONL body (a batch's input or output file), blank lines skipped.
+pub fn jsonl(body: &[u8]) -> Vec<serde_json::Value> {
+    body.split(|&b| b == b'\n')
+        .filter(|l| !l.is_empty())
+        .map(|l| serde_json::from_slice(l).expect("a JSON line"))
+        .collect()
+}
+
+/// The `custom_id`s of batch output records, sorted.
+pub fn custom_ids(records: &[serde_json::Value]) -> Vec<String> {
+    let mut ids: Vec<String> = records
+        .iter()
+        .map(|v| v["custom_id"].as_str().expect("a custom_id").to_owned())
+        .collect();
+    ids.sort();
+    ids
+}
