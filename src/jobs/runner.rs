@@ -139,7 +139,7 @@ pub async fn run(jobs: Jobs, dispatch: Dispatch, mut stop: tokio::sync::watch::R
 /// finalized (a crash, or a replica that died right after its last line), and deletes what
 /// is past `retention_hours`.
 async fn housekeeping(jobs: &Jobs) {
-    if let Ok(open) = jobs.store().open_batches().await {
+    if let Ok(open) = jobs.store().settled_batches().await {
         for id in open {
             if let Err(e) = batch::finalize_if_done(jobs, &id).await {
                 tracing::warn!(error = %e, "jobs: cannot finalize a batch");

@@ -417,9 +417,10 @@ impl Store {
         dispatch!(self, |s| s.due_batches(now), |r| r.due_batches(now))
     }
 
-    /// Batches not yet in a final status.
-    pub async fn open_batches(&self) -> Result<Vec<String>> {
-        dispatch!(self, |s| s.open_batches(), |r| r.open_batches())
+    /// Batches not yet in a final status whose lines all finished (what a crash or a dead
+    /// replica left unfinalized).
+    pub async fn settled_batches(&self) -> Result<Vec<String>> {
+        dispatch!(self, |s| s.settled_batches(), |r| r.settled_batches())
     }
 
     /// Finalizes batch `id` if its status is still `expected` and no line is unfinished: stores

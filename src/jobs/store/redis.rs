@@ -434,7 +434,7 @@ impl RedisStore {
             .collect()
     }
 
-    pub(super) async fn open_batches(&self) -> Result<Vec<String>> {
+    pub(super) async fn settled_batches(&self) -> Result<Vec<String>> {
         strings(self.call(&scripts::OPEN, &[]).await?)
     }
 

@@ -482,11 +482,14 @@ impl Sqlite {
         })
     }
 
-    /// Batches not yet in a final status (at startup: to finalize those whose lines all
-    /// finished before a crash).
-    pub fn open_batches(&self) -> Result<Vec<String>> {
+    /// Batches not yet in a final status whose lines all finished: those to finalize after a
+    /// crash (one query; batches still running are not read).
+    pub fn settled_batches(&self) -> Result<Vec<String>> {
         self.with(|c| {
-            let mut st = c.prepare("SELECT id FROM batches WHERE finished IS NULL")?;
+            let mut st = c.prepare(
+                "SELECT id FROM batches b WHERE finished IS NULL AND NOT EXISTS \
+                 (SELECT 1 FROM jobs WHERE batch = b.id AND state IN ('queued','running'))",
+            )?;
             let rows = st.query_map([], |r| r.get(0))?;
             rows.collect()
         })
@@ -616,6 +619,31 @@ mod tests {
             assert!(s.finish(&j.id, 200, None, b"ok").unwrap());
         }
         assert!(!s.unfinished("b1").unwrap());
+        let _ = std::fs::remove_file(&path);
+    }
+
+    #[test]
+    fn only_batches_whose_lines_all_finished_are_settled() {
+        let path =
+            std::env::temp_dir().join(format!("fg-store-{:x}.sqlite", rand::random::<u64>()));
+        let s = Sqlite::open(&path).unwrap();
+        let line = |id: &str, n: u32| NewJob {
+            batch: Some(("b1".into(), n, id.into())),
+            ..job(id)
+        };
+        let doc = Some(("b1", "{}"));
+        s.insert("a", &[line("l1", 0), line("l2", 1)], doc).unwrap();
+        assert!(s.settled_batches().unwrap().is_empty(), "two lines queued");
+        let running = s.claim("a", 1).unwrap();
+        assert!(s.finish(&running[0].id, 200, None, b"ok").unwrap());
+        assert!(
+            s.settled_batches().unwrap().is_empty(),
+            "one line still queued"
+        );
+        let last = s.claim("a", 1).unwrap();
+        assert!(s.settled_batches().unwrap().is_empty(), "one line running");
+        assert!(s.finish(&last[0].id, 200, None, b"ok").unwrap());
+        assert_eq!(s.settled_batches().unwrap(), ["b1"]);
         let _ = std::fs::remove_file(&path);
     }
 }

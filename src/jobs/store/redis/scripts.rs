@@ -459,9 +459,18 @@ return out
     )
 });
 
-/// → ids of batches not in a final status.
-pub static OPEN: LazyLock<Script> =
-    LazyLock::new(|| script("return redis.call('SMEMBERS', K..':open')"));
+/// → ids of batches not in a final status whose lines all finished (to finalize).
+pub static OPEN: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r"
+local out = {}
+for _, id in ipairs(redis.call('SMEMBERS', K..':open')) do
+  if redis.call('HGET', K..':b:'..id, 'unfinished') == '0' then table.insert(out, id) end
+end
+return out
+",
+    )
+});
 
 /// ARGV: id, expected status, doc, status, now, then per file: id, purpose, filename, bytes,
 /// created, content → 1 if this call finalized the batch (status was `expected`, no line

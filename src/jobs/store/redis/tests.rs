@@ -212,7 +212,7 @@ async fn a_batch_is_finalized_once_and_reads_are_per_tenant() {
         s.file("a", "f2").await.unwrap(),
     ];
     assert_eq!(stored.iter().flatten().count(), 1, "one output file");
-    assert!(s.open_batches().await.unwrap().is_empty());
+    assert!(s.settled_batches().await.unwrap().is_empty());
     let lines = s.lines("b1").await.unwrap();
     let ids: Vec<_> = lines.iter().map(|l| l.custom_id.as_str()).collect();
     assert_eq!(ids, ["c0", "c1"]);
