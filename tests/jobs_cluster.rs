@@ -125,11 +125,11 @@ fn want(n: usize) -> Vec<String> {
 async fn any_replica_answers_any_job_and_a_batch_completes_once_across_replicas() {
     const LINES: usize = 12;
     let Some(redis) = Redis::start() else { return };
-    // Each answer takes longer than a lease: only renewal keeps the other replica from
-    // running a line a second time.
-    let mock = mock_slow(1200).await;
-    let a = proxy(&replica(&redis, &mock.base_url(), "a", 500)).await;
-    let b = proxy(&replica(&redis, &mock.base_url(), "b", 500)).await;
+    // Each answer takes longer than a lease: only renewal (every lease / 3) keeps the other
+    // replica from running a line a second time. The lease leaves room for a loaded machine.
+    let mock = mock_slow(2500).await;
+    let a = proxy(&replica(&redis, &mock.base_url(), "a", 2000)).await;
+    let b = proxy(&replica(&redis, &mock.base_url(), "b", 2000)).await;
 
     // One async job: created through A, answered by B.
     let r = send(post(
@@ -172,7 +172,7 @@ async fn any_replica_answers_any_job_and_a_batch_completes_once_across_replicas(
         "no line sent twice"
     );
     println!(
-        "across replicas: 1 job + {LINES} lines, each answer 1.2 s > lease 0.5 s; {} sent",
+        "across replicas: 1 job + {LINES} lines, each answer 2.5 s > lease 2 s; {} sent",
         mock.stats.requests()
     );
     let listed = send(get(a.addr, "/v1/batches", KEY_A)).await.json();
@@ -183,11 +183,12 @@ async fn any_replica_answers_any_job_and_a_batch_completes_once_across_replicas(
 async fn lines_of_a_stopped_replica_are_reclaimed_after_the_lease_and_run_once_elsewhere() {
     const LINES: usize = 6;
     let Some(redis) = Redis::start() else { return };
-    // A's upstream answers after 2.5 s, B's after 4 s: A's answers come back while B runs the
-    // same lines, after A's leases expired.
-    let slow = mock_slow(2500).await;
+    // Leases of 2 s; A's upstream answers after 5 s, B's after 4 s: A's answers come back
+    // while B runs the same lines, after A's leases expired (the lease leaves room for a loaded
+    // machine to renew while A is alive).
+    let slow = mock_slow(5000).await;
     let slower = mock_slow(4000).await;
-    let a = proxy(&replica(&redis, &slow.base_url(), "a", 500)).await;
+    let a = proxy(&replica(&redis, &slow.base_url(), "a", 2000)).await;
     let file = upload(a.addr, &input(LINES)).await;
     let batch = create_batch(a.addr, &file).await;
     for _ in 0..500 {
@@ -200,7 +201,7 @@ async fn lines_of_a_stopped_replica_are_reclaimed_after_the_lease_and_run_once_e
     // A stops: its runner and its lease renewals end; its requests stay in flight.
     a.shutdown();
 
-    let b = proxy(&replica(&redis, &slower.base_url(), "b", 500)).await;
+    let b = proxy(&replica(&redis, &slower.base_url(), "b", 2000)).await;
     let doc = completed(b.addr, &batch).await;
     assert_eq!(
         doc["request_counts"],
@@ -237,4 +238,31 @@ async fn lines_of_a_stopped_replica_are_reclaimed_after_the_lease_and_run_once_e
         slow.stats.completed(),
         slower.stats.requests()
     );
+}
+
+/// A job-store call slower than `[cluster] timeout_ms` (sized for the hot path) is not cut at
+/// it: the job store's calls carry whole files and have their own bound. Redis is stalled for
+/// 300 ms (`DEBUG SLEEP`) while a replica with `timeout_ms = 100` lists batches: the answer is
+/// a 200 after the stall, not a 503 `job_store_unavailable`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_store_call_slower_than_the_hot_path_timeout_still_answers() {
+    let Some(redis) = Redis::start() else { return };
+    let mock = mock().await;
+    let toml = replica(&redis, &mock.base_url(), "a", 2000)
+        .replace("[cluster]\n", "[cluster]\ntimeout_ms = 100\n");
+    let a = proxy(&toml).await;
+    assert_eq!(send(get(a.addr, "/v1/batches", KEY_A)).await.status, 200);
+    let mut conn = redis.conn().await;
+    let stall = tokio::spawn(async move {
+        let _: () = redis::cmd("DEBUG")
+            .arg("SLEEP")
+            .arg("0.3")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let r = send(get(a.addr, "/v1/batches", KEY_A)).await;
+    stall.await.unwrap();
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
 }

@@ -158,9 +158,13 @@ impl Link {
     ) -> Result<Self, LinkError> {
         let client = client(cfg, creds)?;
         let timeout = Duration::from_millis(cfg.timeout_ms);
+        // No response timeout on the connection itself: every call is bounded by its own
+        // (`run_within`: `timeout_ms` on the hot path, `JOBS_TIMEOUT` for the job store, whose
+        // calls move whole files). One on the connection capped the job store at `timeout_ms`,
+        // so a loaded replica answered job reads 503.
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(timeout))
-            .set_response_timeout(Some(timeout))
+            .set_response_timeout(None)
             .set_number_of_retries(1)
             .set_min_delay(Duration::from_millis(20))
             .set_max_delay(Duration::from_millis(200));
