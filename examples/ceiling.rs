@@ -45,6 +45,9 @@ fn main() -> Result<(), String> {
         .upstreams
         .first()
         .ok_or("no [[upstreams]]")?
+        .endpoints
+        .first()
+        .ok_or("no endpoint")?
         .base_url
         .trim_end_matches('/')
         .to_owned();

@@ -48,6 +48,11 @@ pub trait ApiError: std::error::Error + Send + Sync + 'static {
     fn never_sent(&self) -> bool {
         false
     }
+    /// Whether the endpoint the request was sent to failed it (connect or TLS error, no
+    /// response head in time): a health failure of that endpoint, and a reason to fail over.
+    fn endpoint_failed(&self) -> bool {
+        false
+    }
 }
 
 /// Any error a request can end with: a stage's [`ApiError`], plus headers that stages above
@@ -97,6 +102,11 @@ impl Error {
     /// Whether the request certainly never reached the provider.
     pub fn never_sent(&self) -> bool {
         self.inner.never_sent()
+    }
+
+    /// See [`ApiError::endpoint_failed`].
+    pub fn endpoint_failed(&self) -> bool {
+        self.inner.endpoint_failed()
     }
 
     /// Adds headers to the eventual response (replacing none of the stage's own).

@@ -257,10 +257,11 @@ mod tests {
     use super::*;
 
     fn upstream(name: &str, models: &str) -> Arc<Upstream> {
-        let cfg: crate::config::UpstreamConfig = toml::from_str(&format!(
+        let cfg = toml::from_str::<crate::config::UpstreamConfig>(&format!(
             "name = \"{name}\"\nbase_url = \"http://a/v1\"\nmodels = {models}\n"
         ))
-        .unwrap();
+        .unwrap()
+        .resolved();
         Arc::new(Upstream::from_config(&cfg, 0, 1, |_| None).unwrap())
     }
 

@@ -84,10 +84,7 @@ impl Admission {
             .upstreams
             .iter()
             .zip(pools.iter())
-            .map(|(u, q)| {
-                let max = u32::try_from(u.max_concurrency).unwrap_or(u32::MAX);
-                PoolCapacity::new(q.clone(), max, reserved)
-            })
+            .map(|(u, q)| PoolCapacity::for_upstream(q.clone(), u, reserved))
             .collect();
         let carried = (Arc::default(), Arc::default());
         Self::build(config, pools, capacity, store, carried, limits)
@@ -154,16 +151,22 @@ impl Admission {
         self.limits.get(tenant).unwrap_or(&self.default_limits)
     }
 
-    /// `Some(refusal)` when `who` has its own provider key and the provider paused it for
-    /// `model` on pool `index` (429 `x-fairgate-limit: upstream`, `Retry-After` the pause left).
+    /// `Some(refusal)` when `who` has its own provider keys and the provider paused them for
+    /// `model` on every endpoint of pool `index` it would use (429 `x-fairgate-limit:
+    /// upstream`, `Retry-After` the pause left).
     fn own_key_paused(
         &self,
         index: usize,
         who: &crate::context::Identity,
         model: &str,
     ) -> Option<crate::Error> {
-        who.tenant.upstream_key.as_ref()?;
-        let left = self.key_pauses.paused_for(index, &who.tenant.id, model);
+        let keys = &who.tenant.upstream_keys;
+        if keys.is_empty() {
+            return None;
+        }
+        let pool = self.capacity.get(index)?;
+        let (_, left) =
+            retry::own_keys_paused(&self.key_pauses, pool, index, keys, &who.tenant.id, model);
         (!left.is_zero()).then(|| retry::KeyPaused(left).into())
     }
 

@@ -8,6 +8,7 @@
 
 mod cidr;
 mod cluster;
+mod endpoints;
 mod observe;
 mod otel;
 mod schema;
@@ -17,6 +18,7 @@ use std::path::{Path, PathBuf};
 
 pub use cidr::Cidr;
 pub use cluster::ClusterConfig;
+pub use endpoints::{EndpointConfig, HealthConfig, DEFAULT_ENDPOINT_CONCURRENCY};
 pub use observe::{AdminConfig, HistogramLabels, LogConfig, LogFormat, MetricsConfig};
 pub use otel::OtelConfig;
 pub use schema::*;

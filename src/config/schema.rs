@@ -21,7 +21,9 @@ pub struct Config {
     /// `[scheduler]`: fair-queue policy and caps.
     #[serde(default)]
     pub scheduler: SchedulerConfig,
-    /// `[[upstreams]]`: provider pools, tried in order for model routing.
+    /// `[[upstreams]]`: provider pools, tried in order for model routing (resolved into their
+    /// endpoints as they are read, see `config::endpoints`).
+    #[serde(deserialize_with = "super::endpoints::resolved_upstreams")]
     pub upstreams: Vec<UpstreamConfig>,
     /// `[plans.NAME]`: shared tenant settings.
     #[serde(default)]
@@ -341,30 +343,42 @@ impl Default for ClassShares {
     }
 }
 
-/// `[[upstreams]]`.
+/// `[[upstreams]]`: one provider pool (one fair queue) over one or more endpoints.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct UpstreamConfig {
     /// Unique name.
     pub name: String,
-    /// `http(s)://host[:port]/prefix`; `/v1/X` goes to `base_url + /X`.
-    pub base_url: String,
-    /// Env var holding the provider key.
+    /// `http(s)://host[:port]/prefix`; `/v1/X` goes to `base_url + /X`. A pool of one endpoint;
+    /// exclusive with `endpoints`.
+    #[serde(default)]
+    pub base_url: Option<String>,
+    /// Env var holding the provider key (the default of the endpoints' own).
     #[serde(default)]
     pub api_key_env: Option<String>,
-    /// Pool size shared by all tenants.
-    #[serde(default = "default_upstream_concurrency")]
+    /// Pool size shared by all tenants: the one written, else the sum of the endpoints'
+    /// (filled in when read).
+    #[serde(skip)]
     pub max_concurrency: usize,
+    /// `max_concurrency` as written.
+    #[serde(default, rename = "max_concurrency")]
+    pub written_concurrency: Option<usize>,
+    /// `[[upstreams.endpoints]]` as written.
+    #[serde(default, rename = "endpoints")]
+    pub(super) written_endpoints: Vec<super::endpoints::RawEndpoint>,
+    /// The pool's endpoints, resolved when read (a plain `base_url`: one endpoint).
+    #[serde(skip)]
+    pub endpoints: Vec<super::EndpointConfig>,
     /// Model glob patterns (`*`, `?`).
     #[serde(default = "default_models")]
     pub models: Vec<String>,
-    /// TCP connect timeout, ms.
+    /// TCP connect timeout, ms (the endpoints' default).
     #[serde(default = "default_connect_timeout")]
     pub connect_timeout_ms: u64,
-    /// Time to the response head, ms.
+    /// Time to the response head, ms (the endpoints' default).
     #[serde(default = "default_first_byte_timeout")]
     pub first_byte_timeout_ms: u64,
-    /// Max gap between body chunks, ms.
+    /// Max gap between body chunks, ms (the endpoints' default).
     #[serde(default = "default_idle_timeout")]
     pub idle_timeout_ms: u64,
     /// A PEM bundle of CA certificates trusted for this upstream, on top of the bundled
@@ -380,6 +394,19 @@ pub struct UpstreamConfig {
     /// The client certificate's private key (PEM).
     #[serde(default)]
     pub client_key_file: Option<PathBuf>,
+    /// The header carrying the provider key (the endpoints' default): `authorization` as
+    /// `Bearer KEY` when unset, any other name as the bare key (`api-key`).
+    #[serde(default)]
+    pub auth_header: Option<String>,
+    /// Query parameters added to every request (the endpoints' default).
+    #[serde(default)]
+    pub query: BTreeMap<String, String>,
+    /// Request model names rewritten before sending (the endpoints' default).
+    #[serde(default)]
+    pub models_map: BTreeMap<String, String>,
+    /// Ejection and probing of the pool's endpoints.
+    #[serde(default)]
+    pub health: super::HealthConfig,
     /// With a wildcard in `models`: the provider's own `GET /models` is fetched for fairgate's
     /// `/v1/models`, bounded by this time (connect, head and body), ms.
     #[serde(default = "default_models_list_timeout")]
@@ -408,9 +435,6 @@ fn default_models_list_max_bytes() -> usize {
     1 << 20
 }
 
-fn default_upstream_concurrency() -> usize {
-    64
-}
 fn default_models() -> Vec<String> {
     vec!["*".to_owned()]
 }
@@ -508,6 +532,10 @@ pub struct TenantConfig {
     /// Env var holding this tenant's own provider key.
     #[serde(default)]
     pub upstream_api_key_env: Option<String>,
+    /// This tenant's own provider key per endpoint name (env var names), over
+    /// `upstream_api_key_env` on those endpoints.
+    #[serde(default)]
+    pub upstream_api_key_envs: BTreeMap<String, String>,
     /// Credential or account-selecting headers (e.g. `openai-project`) this tenant's clients
     /// may send to the provider; all others are stripped.
     #[serde(default)]

@@ -4,14 +4,14 @@ use std::collections::HashSet;
 
 use super::{Config, ConfigError};
 
-fn invalid(key: impl Into<String>, message: impl Into<String>) -> ConfigError {
+pub(super) fn invalid(key: impl Into<String>, message: impl Into<String>) -> ConfigError {
     ConfigError::Invalid {
         key: key.into(),
         message: message.into(),
     }
 }
 
-fn positive_weight(key: String, w: f64) -> Result<(), ConfigError> {
+pub(super) fn positive_weight(key: String, w: f64) -> Result<(), ConfigError> {
     if w.is_finite() && w > 0.0 {
         Ok(())
     } else {
@@ -19,7 +19,7 @@ fn positive_weight(key: String, w: f64) -> Result<(), ConfigError> {
     }
 }
 
-fn env_name(key: String, var: &Option<String>) -> Result<(), ConfigError> {
+pub(super) fn env_name(key: String, var: &Option<String>) -> Result<(), ConfigError> {
     match var {
         Some(v) if v.is_empty() || v.contains('=') || v.contains('\0') => {
             Err(invalid(key, "not a valid environment variable name"))
@@ -228,19 +228,7 @@ pub fn validate(c: &Config) -> Result<(), ConfigError> {
                 format!("duplicate upstream name {:?}", u.name),
             ));
         }
-        let uri: http::Uri = u
-            .base_url
-            .parse()
-            .map_err(|e| invalid(key("base_url"), format!("not a URL: {e}")))?;
-        if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.authority().is_none() {
-            return Err(invalid(
-                key("base_url"),
-                "must be an http:// or https:// URL",
-            ));
-        }
-        if uri.query().is_some() {
-            return Err(invalid(key("base_url"), "must not have a query string"));
-        }
+        super::endpoints::validate(u, i)?;
         if u.max_concurrency == 0 {
             return Err(invalid(key("max_concurrency"), "must be > 0"));
         }
@@ -314,6 +302,14 @@ pub fn validate(c: &Config) -> Result<(), ConfigError> {
             return Err(invalid(key("max_concurrency"), "must be > 0"));
         }
         env_name(key("upstream_api_key_env"), &t.upstream_api_key_env)?;
+        for (endpoint, var) in &t.upstream_api_key_envs {
+            let k = format!("tenants[{i}].upstream_api_key_envs.{endpoint}");
+            env_name(k.clone(), &Some(var.clone()))?;
+            let known = c.upstreams.iter().flat_map(|u| &u.endpoints);
+            if !known.clone().any(|e| &e.name == endpoint) {
+                return Err(invalid(k, format!("no endpoint is named {endpoint:?}")));
+            }
+        }
         for h in &t.forward_headers {
             let name = http::HeaderName::from_bytes(h.as_bytes()).map_err(|_| {
                 invalid(

@@ -25,7 +25,7 @@ use tokio::time::Instant;
 use crate::error::Error;
 pub use outcome::{Admitted, BucketState, Deadline, Dispatch, RateState, Usage};
 pub use request::{Endpoint, Estimate, Input, Parsed, Route};
-pub use tenant::{Identity, Tenant};
+pub use tenant::{Identity, OwnKeys, ProviderKey, Tenant};
 pub use trace::{Trace, TRACEPARENT};
 
 /// What one request's stages learn about it; see the module docs for the rules.
@@ -60,6 +60,9 @@ pub struct Context {
     dispatch: OnceLock<Dispatch>,
     /// Upstream attempts beyond the first. Writer: `feedback` (the retry stage).
     retries: AtomicU32,
+    /// The pool's endpoint the current (at the end: the last) attempt went to. Writer:
+    /// `feedback` (the retry stage), once per attempt.
+    endpoint: arc_swap::ArcSwapOption<SentTo>,
     /// What the request actually cost, from the provider's usage (or the stated fallback).
     /// Writer: `usage`.
     usage: OnceLock<Usage>,
@@ -88,6 +91,15 @@ pub struct JobRun {
     pub tenant: crate::domain::TenantId,
     /// A refusal by a stage (never sent to the provider): written by the `jobs` stage.
     pub refused: Arc<OnceLock<(http::StatusCode, &'static str)>>,
+}
+
+/// The endpoint of the routed pool an attempt is sent to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SentTo {
+    /// Its index in the pool's `[[upstreams.endpoints]]`.
+    pub index: usize,
+    /// Its name.
+    pub name: Arc<str>,
 }
 
 /// The handle to a request's [`Context`] (cheap to clone; in the request's extensions).
@@ -161,6 +173,7 @@ impl Ctx {
             admitted: OnceLock::new(),
             dispatch: OnceLock::new(),
             retries: AtomicU32::new(0),
+            endpoint: arc_swap::ArcSwapOption::empty(),
             usage: OnceLock::new(),
             stalled: AtomicBool::new(false),
             cut: OnceLock::new(),
@@ -279,6 +292,11 @@ impl Context {
         self.retries.load(Ordering::Relaxed)
     }
 
+    /// The endpoint the current (after the response: the last) attempt went to.
+    pub fn endpoint(&self) -> Option<Arc<SentTo>> {
+        self.endpoint.load_full()
+    }
+
     /// The actual cost, once `usage` has reconciled the response.
     pub fn usage(&self) -> Option<Usage> {
         self.usage.get().copied()
@@ -337,6 +355,11 @@ impl Context {
     /// Writer: `queue`.
     pub fn set_dispatch(&self, v: Dispatch) {
         set(&self.dispatch, v, "dispatch");
+    }
+
+    /// Writer: `feedback` (the endpoint of the attempt about to be sent).
+    pub fn set_endpoint(&self, to: SentTo) {
+        self.endpoint.store(Some(Arc::new(to)));
     }
 
     /// Writer: `feedback` (one more upstream attempt).

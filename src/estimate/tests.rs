@@ -265,7 +265,7 @@ mod turns {
                 max_queued: 100,
                 max_queued_bytes: u64::MAX,
                 priority: Class::Interactive,
-                upstream_key: None,
+                upstream_keys: Default::default(),
                 forward_headers: Vec::new(),
             }),
             class: Class::Interactive,

@@ -1,13 +1,14 @@
-//! What a tenant's **own** provider key (`upstream_api_key_env`) has learned from the provider:
-//! a pause per (pool, tenant, model) — the provider's rate limits are per key, and OpenAI's are
-//! per model within a key — set by that key's 429/503 (`retry-after-ms`, `Retry-After`, else
+//! What a tenant's **own** provider keys (`upstream_api_key_env`, `upstream_api_key_envs`) have
+//! learned from the provider: a pause per (pool, endpoint, tenant, model) — the provider's rate
+//! limits are per key, and OpenAI's are per model within a key — set by that key's 429/503 (`retry-after-ms`, `Retry-After`, else
 //! `x-ratelimit-reset-*`, else [`DEFAULT_PAUSE`]) and by a success that says a budget is spent
 //! (`x-ratelimit-remaining-*: 0`).
 //!
 //! Invariants: a tenant key's answers never reach the pool's [`PoolCapacity`]
 //! (super::capacity::PoolCapacity), so they never lower the shared key's learned limit nor pause
-//! it; a paused key refuses only its own tenant's requests (immediately, 429 `x-fairgate-limit:
-//! upstream` with the pause left as `Retry-After`); the map is bounded ([`MAX_ENTRIES`]): expired
+//! it; a paused key holds back only its own tenant's requests: they go to the pool's other
+//! endpoints, and are refused (immediately, 429 `x-fairgate-limit: upstream` with the pause left
+//! as `Retry-After`) only while the key is paused on every endpoint it is used on; the map is bounded ([`MAX_ENTRIES`]): expired
 //! pauses are swept when it is full, and a model that finds it still full is paused under the
 //! key-wide entry (model `*`), which every model of the key obeys — a tenant inventing model
 //! names pauses only itself. Local to this replica (in cluster mode, each replica learns its
@@ -31,7 +32,7 @@ const MAX_MODEL: usize = 64;
 /// The key-wide entry's model.
 const ANY_MODEL: &str = "*";
 
-type Key = (usize, TenantId, Box<str>);
+type Key = (usize, usize, TenantId, Box<str>);
 
 /// Pauses of tenants' own provider keys; see the module docs.
 #[derive(Debug)]
@@ -62,22 +63,28 @@ impl KeyPauses {
         self.until.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Time left in the pause of `tenant`'s own key for `model` on `pool` (zero: not paused).
-    pub fn paused_for(&self, pool: usize, tenant: &TenantId, model: &str) -> Duration {
+    /// Time left in the pause of `tenant`'s own key for `model` on endpoint `endpoint` of
+    /// `pool` (zero: not paused).
+    pub fn paused_for(
+        &self,
+        (pool, endpoint): (usize, usize),
+        tenant: &TenantId,
+        model: &str,
+    ) -> Duration {
         let now = self.epoch.elapsed();
         let map = self.lock();
         [cut(model), ANY_MODEL]
             .iter()
-            .filter_map(|m| map.get(&(pool, tenant.clone(), Box::from(*m))))
+            .filter_map(|m| map.get(&(pool, endpoint, tenant.clone(), Box::from(*m))))
             .map(|until| until.saturating_sub(now))
             .max()
             .unwrap_or_default()
     }
 
-    /// Feeds one answer the provider gave `tenant`'s own key for `model` on `pool`.
+    /// Feeds one answer endpoint `endpoint` of `pool` gave `tenant`'s own key for `model`.
     pub fn observe(
         &self,
-        pool: usize,
+        (pool, endpoint): (usize, usize),
         tenant: &TenantId,
         model: &str,
         status: StatusCode,
@@ -104,7 +111,7 @@ impl KeyPauses {
             cut(model)
         };
         let until = map
-            .entry((pool, tenant.clone(), Box::from(model)))
+            .entry((pool, endpoint, tenant.clone(), Box::from(model)))
             .or_default();
         *until = (*until).max(now + wait);
     }
@@ -141,29 +148,34 @@ mod tests {
         let p = KeyPauses::default();
         let (a, b) = (TenantId::new("a"), TenantId::new("b"));
         p.observe(
-            0,
+            (0, 0),
             &a,
             "gpt-4o",
             StatusCode::TOO_MANY_REQUESTS,
             &h(&[("retry-after", "2")]),
         );
-        assert_eq!(p.paused_for(0, &a, "gpt-4o"), Duration::from_secs(2));
-        assert_eq!(p.paused_for(0, &a, "gpt-4o-mini"), Duration::ZERO);
-        assert_eq!(p.paused_for(0, &b, "gpt-4o"), Duration::ZERO);
-        assert_eq!(p.paused_for(1, &a, "gpt-4o"), Duration::ZERO);
+        assert_eq!(p.paused_for((0, 0), &a, "gpt-4o"), Duration::from_secs(2));
+        assert_eq!(p.paused_for((0, 0), &a, "gpt-4o-mini"), Duration::ZERO);
+        assert_eq!(p.paused_for((0, 0), &b, "gpt-4o"), Duration::ZERO);
+        assert_eq!(p.paused_for((1, 0), &a, "gpt-4o"), Duration::ZERO);
+        assert_eq!(
+            p.paused_for((0, 1), &a, "gpt-4o"),
+            Duration::ZERO,
+            "another endpoint"
+        );
         tokio::time::advance(Duration::from_millis(2001)).await;
-        assert_eq!(p.paused_for(0, &a, "gpt-4o"), Duration::ZERO);
+        assert_eq!(p.paused_for((0, 0), &a, "gpt-4o"), Duration::ZERO);
         // No wait named: the default pause; a spent budget on a success: until its reset.
         p.observe(
-            0,
+            (0, 0),
             &a,
             "m",
             StatusCode::SERVICE_UNAVAILABLE,
             &HeaderMap::new(),
         );
-        assert_eq!(p.paused_for(0, &a, "m"), DEFAULT_PAUSE);
+        assert_eq!(p.paused_for((0, 0), &a, "m"), DEFAULT_PAUSE);
         p.observe(
-            0,
+            (0, 0),
             &b,
             "m",
             StatusCode::OK,
@@ -172,10 +184,10 @@ mod tests {
                 ("x-ratelimit-reset-requests", "3s"),
             ]),
         );
-        assert_eq!(p.paused_for(0, &b, "m"), Duration::from_secs(3));
-        p.observe(0, &a, "x", StatusCode::OK, &HeaderMap::new());
-        p.observe(0, &a, "x", StatusCode::BAD_REQUEST, &HeaderMap::new());
-        assert_eq!(p.paused_for(0, &a, "x"), Duration::ZERO);
+        assert_eq!(p.paused_for((0, 0), &b, "m"), Duration::from_secs(3));
+        p.observe((0, 0), &a, "x", StatusCode::OK, &HeaderMap::new());
+        p.observe((0, 0), &a, "x", StatusCode::BAD_REQUEST, &HeaderMap::new());
+        assert_eq!(p.paused_for((0, 0), &a, "x"), Duration::ZERO);
     }
 
     #[tokio::test(start_paused = true)]
@@ -185,13 +197,13 @@ mod tests {
         let retry = h(&[("retry-after", "60")]);
         for i in 0..MAX_ENTRIES + 50 {
             let model = format!("{i}-{}", "m".repeat(500));
-            p.observe(0, &a, &model, StatusCode::TOO_MANY_REQUESTS, &retry);
+            p.observe((0, 0), &a, &model, StatusCode::TOO_MANY_REQUESTS, &retry);
         }
         assert!(p.len() <= MAX_ENTRIES + 1, "{}", p.len());
         assert!(
-            p.paused_for(0, &a, "never-seen") > Duration::ZERO,
+            p.paused_for((0, 0), &a, "never-seen") > Duration::ZERO,
             "full: the key-wide pause"
         );
-        assert_eq!(p.paused_for(0, &b, "never-seen"), Duration::ZERO);
+        assert_eq!(p.paused_for((0, 0), &b, "never-seen"), Duration::ZERO);
     }
 }

@@ -1,25 +1,35 @@
-//! The upstream-feedback stage, just above `upstream`: every upstream answer feeds the pool's
-//! [`PoolCapacity`], and a 429/502/503 that arrived before any byte reached the client is
-//! retried while the request still holds its fair-queue permit.
+//! The upstream-feedback stage, just above `upstream`: picks the pool's endpoint for each
+//! attempt ([`PoolCapacity::pick`]), feeds every answer to that endpoint, sends a request one
+//! endpoint refused or failed before any byte reached the client on to another, and retries a
+//! 429/502/503 with backoff — all while the request still holds its fair-queue permit.
+//!
+//! Failover: a 429, 500, 502, 503, 504, connect or TLS error or missing head from one endpoint,
+//! with another endpoint in service that this round has not tried, is sent on at once, no
+//! backoff, charged once (not a retry: neither the tenant's buckets nor its credit pay for it),
+//! counted in [`RetryStats::failovers`] and per endpoint. Once every endpoint in service has
+//! been tried, the round ends as a single endpoint's would:
 //!
 //! Retries: exponential backoff (`retry_backoff_ms × 2^attempt`, capped at
 //! `retry_backoff_max_ms`) with full jitter in its upper half, never shorter than the wait the
 //! upstream asked for (`Retry-After` & co), at most `max_retries`, and never past the request's
 //! deadline. Each extra attempt is charged to the tenant's token ledger (what admission charged)
 //! and to its fair-queue credit (the cost charged at dispatch, through the context's `retries`,
-//! which the permit reads when released), and counted ([`RetryStats`]). A 429 that is finally passed to the client says
-//! `x-fairgate-limit: upstream` and always carries a `Retry-After` (the upstream's, else the wait
-//! the next attempt would have had).
+//! which the permit reads when released), and counted ([`RetryStats`]). A 429 that is finally
+//! passed to the client says `x-fairgate-limit: upstream` and always carries a `Retry-After`
+//! (the upstream's, else the wait the next attempt would have had).
 //!
 //! Retries hold the request's pool slot while they wait, so the whole wait of one request is
 //! capped by `max_retry_wait_ms`: a retry whose wait (backoff, the upstream's `Retry-After`, the
-//! pool's pause) would pass it is not made, and the 429 goes to the client at once.
+//! pool's pause) would pass it is not made, and the 429 goes to the client at once. A pick that
+//! finds every endpoint full waits for one within the same cap ([`NoEndpoint`] past it).
 //!
-//! A tenant with its own provider key (`upstream_api_key_env`): its answers feed
-//! [`KeyPauses`], never the pool's capacity (nor its wire order); while its key is paused its
-//! requests are refused at the top of this stage ([`KeyPaused`]: 429, `x-fairgate-limit:
-//! upstream`, `Retry-After` = the pause left, never sent) and its 429s are passed on at once,
-//! not retried — the key's exhaustion is the tenant's limit and never pins a pool slot.
+//! A tenant with its own provider key on the endpoint picked (`upstream_api_key_env`,
+//! `upstream_api_key_envs`): its answers feed [`KeyPauses`], never the endpoint's learned limit;
+//! endpoints where its key is paused are skipped, and while it is paused on every endpoint it
+//! would use its requests are refused at the top of this stage ([`KeyPaused`]: 429,
+//! `x-fairgate-limit: upstream`, `Retry-After` = the pause left, never sent); its 429s with no
+//! endpoint left to try are passed on at once, not retried — the key's exhaustion is the
+//! tenant's limit and never pins a pool slot.
 //!
 //! Invariant: only a complete upstream *head* is inspected, and a retried answer's body is
 //! dropped unread, so nothing of a failed attempt reaches the client.
@@ -37,6 +47,7 @@ use rand::Rng;
 use super::capacity::{upstream_wait, PoolCapacity};
 use super::keys::KeyPauses;
 use crate::config::AdmissionConfig;
+use crate::context::SentTo;
 use crate::error::{retry_headers, Error, LIMIT_HEADER, RETRY_AFTER_MS};
 use crate::ratelimit::RateStore;
 use crate::response::ResponseBody;
@@ -83,6 +94,8 @@ pub struct RetryStats {
     pub retries: AtomicU64,
     /// Requests whose last attempt was still retryable (retries exhausted or no time left).
     pub exhausted: AtomicU64,
+    /// Attempts sent on to another endpoint after one refused or failed them.
+    pub failovers: AtomicU64,
 }
 
 /// Shared by every clone of the retry service.
@@ -161,69 +174,89 @@ where
                 .ok_or_else(|| Error::internal("no capacity controller for the routed pool"))?;
             let identity = ctx.identity()?;
             let tenant = identity.tenant.id.clone();
-            // A tenant's own provider key: its answers teach that key, not the pool.
-            let own_key = identity.tenant.upstream_key.is_some();
+            // A tenant's own provider keys: their answers teach those keys, not the endpoints.
+            let keys = &identity.tenant.upstream_keys;
             let model = ctx.request().map(|p| p.model.clone()).unwrap_or_default();
             let admitted = *ctx.admitted()?;
             let deadline = admitted.deadline;
             let mut waited = Duration::ZERO;
             let mut attempt = 0;
-            let mut req = Some(req);
+            // Endpoints this round of attempts has tried (bit i: endpoint i).
+            let mut tried = 0u64;
             loop {
                 use tower::ServiceExt;
-                if own_key {
-                    let paused = shared.key_pauses.paused_for(index, &tenant, &model);
-                    if !paused.is_zero() {
-                        return Err(KeyPaused(paused).into());
-                    }
-                }
+                let (key_paused, paused_for) =
+                    own_keys_paused(&shared.key_pauses, &pool, index, keys, &tenant, &model);
                 let ready = inner.ready().await?;
-                // Only the pool key's requests are on the pool's wire (they alone say where
-                // the shared key's limit is).
-                let ticket = (!own_key).then(|| pool.send());
-                // The last attempt allowed takes the request itself; earlier ones a copy.
-                let this = match req.take() {
-                    Some(r) if attempt >= shared.policy.max_retries => r,
-                    Some(r) => {
-                        let copy = crate::upstream::attempt(&r);
-                        req = Some(r);
-                        copy
-                    }
-                    None => return Err(Error::internal("retry past the last attempt")),
+                // A full pool waits for a free endpoint within what is left of the retry wait.
+                let left = shared.policy.max_wait.saturating_sub(waited);
+                let left = deadline.map_or(left, |d| left.min(d.remaining()));
+                let ticket = match pool.pick(&model, tried | key_paused, left).await {
+                    Ok(t) => t,
+                    Err(_) if !paused_for.is_zero() => return Err(KeyPaused(paused_for).into()),
+                    Err(_) => return Err(NoEndpoint(pool.paused_for()).into()),
                 };
-                let mut result = ready.call(this).await;
+                let ep = ticket.endpoint();
+                let name = pool.endpoint_name(ep).unwrap_or_else(|| Arc::from(""));
+                let own_key = keys.for_endpoint(&name).is_some();
+                ctx.set_endpoint(SentTo {
+                    index: ep,
+                    name: name.clone(),
+                });
+                let mut result = ready.call(crate::upstream::attempt(&req)).await;
                 let (status, wait) = match &result {
                     Ok(res) if own_key => {
                         let h = res.headers();
                         shared
                             .key_pauses
-                            .observe(index, &tenant, &model, res.status(), h);
+                            .observe((index, ep), &tenant, &model, res.status(), h);
+                        if res.status().is_server_error()
+                            && res.status() != StatusCode::SERVICE_UNAVAILABLE
+                        {
+                            pool.fail(&ticket);
+                        }
                         (res.status(), upstream_wait(h))
                     }
                     Ok(res) => {
-                        pool.observe(ticket.as_ref(), res.status(), res.headers());
+                        pool.observe(&ticket, res.status(), res.headers(), &model);
                         (res.status(), upstream_wait(res.headers()))
                     }
-                    Err(e) => (e.status(), None),
+                    Err(e) => {
+                        if e.endpoint_failed() {
+                            pool.fail(&ticket);
+                        }
+                        (e.status(), None)
+                    }
                 };
-                if !retryable(status) {
-                    // The request occupies the upstream until its body ends.
-                    if let (Ok(res), Some(ticket)) = (&mut result, ticket) {
+                let bit = if ep < 64 { 1u64 << ep } else { 0 };
+                // Refused or failed before any byte reached the client, with another endpoint
+                // to go to: sent on at once, charged once.
+                let failover =
+                    failover_status(status, &result) && pool.has_other(tried | bit | key_paused);
+                if !failover && !retryable(status) {
+                    // The request occupies the endpoint until its body ends.
+                    if let Ok(res) = &mut result {
                         res.body_mut().attach(Box::new(ticket));
                     }
                     return result;
                 }
                 drop(ticket);
-                let pool_pause = if own_key {
-                    Duration::ZERO
-                } else {
-                    pool.paused_for()
-                };
+                tried |= bit;
+                if failover {
+                    pool.count_failover(ep);
+                    shared.stats.failovers.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(endpoint = %name, status = status.as_u16(), "failing over");
+                    continue;
+                }
                 let backoff = shared
                     .policy
                     .backoff(attempt)
                     .max(wait.unwrap_or_default())
-                    .max(pool_pause);
+                    .max(if own_key {
+                        Duration::ZERO
+                    } else {
+                        pool.paused_for()
+                    });
                 let in_time = deadline.is_none_or(|d| backoff < d.remaining());
                 // A retry waits holding its pool slot: the whole wait is capped.
                 let within_cap = waited + backoff <= shared.policy.max_wait;
@@ -238,6 +271,7 @@ where
                 tokio::time::sleep(backoff).await;
                 waited += backoff;
                 attempt += 1;
+                tried = 0;
                 shared.stats.retries.fetch_add(1, Ordering::Relaxed);
                 // The attempt is the tenant's load, not everyone's: charged to its buckets here
                 // and to its fair-queue credit when the permit is released (the context's
@@ -248,6 +282,86 @@ where
                 ctx.add_retry();
             }
         })
+    }
+}
+
+/// Statuses (and failures) another endpoint may answer better: a refusal (429, 503) or a
+/// failure (500, 502, 504, connect, TLS, no head in time).
+fn failover_status(status: StatusCode, result: &Result<Response<ResponseBody>, Error>) -> bool {
+    match result {
+        Err(e) => e.endpoint_failed(),
+        Ok(_) => matches!(status.as_u16(), 429 | 500 | 502 | 503 | 504),
+    }
+}
+
+/// The endpoints of `pool` on which `tenant`'s own key is paused for `model` (bit i: endpoint
+/// i), and the shortest such pause when that is every endpoint it has a key on and none
+/// without (then the request is refused: zero otherwise).
+pub fn own_keys_paused(
+    pauses: &KeyPauses,
+    pool: &PoolCapacity,
+    index: usize,
+    keys: &crate::context::OwnKeys,
+    tenant: &crate::domain::TenantId,
+    model: &str,
+) -> (u64, Duration) {
+    if keys.is_empty() {
+        return (0, Duration::ZERO);
+    }
+    let (mut mask, mut shortest, mut open) = (0u64, None::<Duration>, false);
+    for i in 0..pool.endpoints().min(64) {
+        let Some(name) = pool.endpoint_name(i) else {
+            continue;
+        };
+        if keys.for_endpoint(&name).is_none() {
+            open = true;
+            continue;
+        }
+        let left = pauses.paused_for((index, i), tenant, model);
+        if left.is_zero() {
+            open = true;
+        } else {
+            mask |= 1 << i;
+            shortest = Some(shortest.map_or(left, |s| s.min(left)));
+        }
+    }
+    (
+        mask,
+        if open {
+            Duration::ZERO
+        } else {
+            shortest.unwrap_or_default()
+        },
+    )
+}
+
+/// No endpoint of the pool can take the request: all are out (ejected, or paused past the
+/// retry wait) or full past it.
+#[derive(Debug, thiserror::Error)]
+#[error("no endpoint of the upstream can take the request now; retry shortly")]
+pub struct NoEndpoint(pub Duration);
+
+impl crate::error::ApiError for NoEndpoint {
+    fn status(&self) -> StatusCode {
+        StatusCode::SERVICE_UNAVAILABLE
+    }
+    fn kind(&self) -> &'static str {
+        "server_error"
+    }
+    fn code(&self) -> &'static str {
+        "upstream_unavailable"
+    }
+    fn limit(&self) -> Option<&'static str> {
+        Some("upstream")
+    }
+    fn retry_after(&self) -> Option<Duration> {
+        Some(self.0.max(Duration::from_secs(1)))
+    }
+    fn reason(&self) -> &'static str {
+        "no_endpoint"
+    }
+    fn never_sent(&self) -> bool {
+        true
     }
 }
 

@@ -77,7 +77,6 @@ impl State {
         let mut pools: Vec<Arc<FairQueue>> = Vec::with_capacity(upstreams.len());
         let mut capacity: Vec<Arc<PoolCapacity>> = Vec::with_capacity(upstreams.len());
         for (u, old) in config.upstreams.iter().zip(&old_index) {
-            let max = u32::try_from(u.max_concurrency).unwrap_or(u32::MAX);
             let kept =
                 old.and_then(|j| Some((self.pools.get(j)?, self.admission.capacity.get(j)?)));
             let (pool, cap) = match kept {
@@ -85,12 +84,12 @@ impl State {
                     let settings = queue::scheduler_config(&config.scheduler, u.max_concurrency);
                     pool.reconfigure(settings, &specs);
                     pool.bytes().set_pool_max(config.scheduler.max_queued_bytes);
-                    cap.reconfigure(max, reserved);
+                    cap.reconfigure(u, reserved);
                     (pool.clone(), cap.clone())
                 }
                 None => {
                     let pool = queue::pool(&config, u, &specs, &self.estimator);
-                    let cap = PoolCapacity::new(pool.clone(), max, reserved);
+                    let cap = PoolCapacity::for_upstream(pool.clone(), u, reserved);
                     (pool, cap)
                 }
             };

@@ -25,7 +25,7 @@ pub use service::{Layer, Service};
 /// Request header choosing the class of one request: `interactive` or `batch`.
 pub const PRIORITY_HEADER: &str = "x-fairgate-priority";
 
-pub use crate::context::{Identity, Tenant};
+pub use crate::context::{Identity, OwnKeys, ProviderKey, Tenant};
 pub use crate::domain::{digest, parse_digest};
 pub use crate::upstream::headers::bearer;
 
@@ -101,19 +101,30 @@ impl Directory {
             ..Directory::default()
         };
         for (i, t) in config.tenants.iter().enumerate() {
-            let upstream_key = match &t.upstream_api_key_env {
-                None => None,
-                Some(var) => Some(
-                    bearer(&env(var).ok_or_else(|| ConfigError::MissingEnv {
-                        key: format!("tenants[{i}].upstream_api_key_env"),
-                        var: var.clone(),
-                    })?)
-                    .ok_or_else(|| ConfigError::Invalid {
-                        key: format!("tenants[{i}].upstream_api_key_env"),
+            let own = |key: String, var: &String| -> Result<ProviderKey, ConfigError> {
+                let value = env(var).ok_or_else(|| ConfigError::MissingEnv {
+                    key: key.clone(),
+                    var: var.clone(),
+                })?;
+                if http::HeaderValue::from_str(&value).is_err() {
+                    return Err(ConfigError::Invalid {
+                        key,
                         message: format!("{var} is not a valid header value"),
-                    })?,
-                ),
+                    });
+                }
+                Ok(ProviderKey::new(&value))
             };
+            let mut upstream_keys = OwnKeys::default();
+            if let Some(var) = &t.upstream_api_key_env {
+                upstream_keys.default =
+                    Some(own(format!("tenants[{i}].upstream_api_key_env"), var)?);
+            }
+            for (endpoint, var) in &t.upstream_api_key_envs {
+                let key = format!("tenants[{i}].upstream_api_key_envs.{endpoint}");
+                upstream_keys
+                    .endpoints
+                    .push((endpoint.as_str().into(), own(key, var)?));
+            }
             let tenant = Arc::new(Tenant {
                 id: TenantId::new(t.id.as_str()),
                 weight: t.effective_weight(config),
@@ -121,7 +132,7 @@ impl Directory {
                 max_queued: t.effective_max_queued(config),
                 max_queued_bytes: t.effective_max_queued_bytes(config),
                 priority: t.priority,
-                upstream_key,
+                upstream_keys,
                 forward_headers: t
                     .forward_headers
                     .iter()
@@ -298,7 +309,10 @@ mod tests {
             .unwrap();
         assert_eq!(b.tenant.id.as_str(), "b");
         assert_eq!(b.class, Class::Batch);
-        assert_eq!(b.tenant.upstream_key.as_ref().unwrap(), "Bearer prov");
+        assert_eq!(
+            b.tenant.upstream_keys.default.as_ref().unwrap().expose(),
+            "prov"
+        );
         let r = d
             .identify(&headers(&[("authorization", "Bearer ra")]), LOCAL)
             .unwrap();

@@ -9,8 +9,11 @@
 //! is out of file descriptors), no response head within
 //! `first_byte_timeout_ms` → 504, an upstream error status is passed through untouched.
 
+mod endpoint;
 pub mod headers;
 mod tls;
+
+pub use endpoint::{rewrite_model, Endpoint};
 
 use std::future::Future;
 use std::pin::Pin;
@@ -21,10 +24,6 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Request, Response, StatusCode, Uri, Version};
 use http_body_util::Full;
-use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 
 use crate::config::{ConfigError, UpstreamConfig};
 use crate::context::Ctx;
@@ -32,15 +31,8 @@ use crate::error::ApiError;
 use crate::response::idle::IdleTimeout;
 use crate::response::ResponseBody;
 
-/// One connection worker's client and authority (see [`Upstream`]).
-struct Lane {
-    client: HttpClient,
-    authority: http::uri::Authority,
-}
-
-type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
-
-/// One provider pool: its address, key, limits, routing patterns and pooled client.
+/// One provider pool: its name, routing patterns, limits and endpoints (in config order, as
+/// the pool's `feedback::capacity` indexes them).
 pub struct Upstream {
     /// Unique name.
     pub name: String,
@@ -48,27 +40,17 @@ pub struct Upstream {
     pub models: Vec<String>,
     /// Pool size shared by all tenants.
     pub max_concurrency: usize,
-    /// Time to the response head.
-    pub first_byte_timeout: Duration,
     /// Bounds of the provider's model list fetch (`models_list_*`).
     pub models_list: ModelsListLimits,
-    /// Max gap between body frames.
-    pub idle_timeout: Duration,
-    scheme: http::uri::Scheme,
-    prefix: String,
-    api_key: Option<HeaderValue>,
-    /// One lane per connection worker ([`crate::worker`]): a worker's requests use
-    /// its own pooled client (whose connection tasks run on its own runtime), and its own copy
-    /// of what every request clones (the authority, the connector's shared state), so the
-    /// reference counts of one worker's requests are not written by the others.
-    lanes: Box<[Lane]>,
+    /// The endpoints (at least one).
+    pub endpoints: Box<[Endpoint]>,
 }
 
 impl std::fmt::Debug for Upstream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Upstream")
             .field("name", &self.name)
-            .field("authority", &self.lanes[0].authority)
+            .field("endpoints", &self.endpoints)
             .finish_non_exhaustive()
     }
 }
@@ -143,97 +125,70 @@ impl ApiError for Error {
     fn reason(&self) -> &'static str {
         "upstream_error"
     }
+    fn endpoint_failed(&self) -> bool {
+        matches!(
+            self,
+            Error::Unavailable(_) | Error::Failed(_) | Error::Timeout(..) | Error::Tls(..)
+        )
+    }
 }
 
 impl Upstream {
-    /// Builds an upstream (and `lanes` pooled clients, one per connection worker) from
-    /// `[[upstreams]]` entry `index`; `env` resolves `api_key_env` (unset → error naming the key).
+    /// Builds an upstream (each endpoint with `lanes` pooled clients, one per connection
+    /// worker) from `[[upstreams]]` entry `index`; `env` resolves the `api_key_env`s (unset →
+    /// an error naming the key).
     pub fn from_config(
         cfg: &UpstreamConfig,
         index: usize,
         lanes: usize,
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<Self, ConfigError> {
-        let key = |k: &str| format!("upstreams[{index}].{k}");
-        let invalid = |k: &str, message: String| ConfigError::Invalid {
-            key: key(k),
-            message,
-        };
-        let uri: Uri = cfg
-            .base_url
-            .parse()
-            .map_err(|e| invalid("base_url", format!("not a URL: {e}")))?;
-        let parts = uri.into_parts();
-        let (Some(scheme), Some(authority)) = (parts.scheme, parts.authority) else {
-            return Err(invalid("base_url", "must be an absolute URL".into()));
-        };
-        let prefix = parts
-            .path_and_query
-            .map(|p| p.path().trim_end_matches('/').to_owned())
-            .unwrap_or_default();
-        let tls = tls::client_config(cfg, index)?;
-        let api_key = match &cfg.api_key_env {
-            None => None,
-            Some(var) => {
-                let value = env(var).ok_or_else(|| ConfigError::MissingEnv {
-                    key: key("api_key_env"),
-                    var: var.clone(),
-                })?;
-                Some(headers::bearer(&value).ok_or_else(|| {
-                    invalid("api_key_env", format!("{var} is not a valid header value"))
-                })?)
-            }
-        };
+        if cfg.endpoints.is_empty() {
+            return Err(ConfigError::Invalid {
+                key: format!("upstreams[{index}].base_url"),
+                message: "required (or list the pool's [[upstreams.endpoints]])".into(),
+            });
+        }
+        let endpoints = cfg
+            .endpoints
+            .iter()
+            .enumerate()
+            .map(|(j, e)| Endpoint::from_config(e, (index, j), lanes, &env))
+            .collect::<Result<_, _>>()?;
         Ok(Self {
             name: cfg.name.clone(),
             models: cfg.models.clone(),
             max_concurrency: cfg.max_concurrency,
-            first_byte_timeout: Duration::from_millis(cfg.first_byte_timeout_ms),
             models_list: ModelsListLimits {
                 timeout: Duration::from_millis(cfg.models_list_timeout_ms),
                 ttl: Duration::from_millis(cfg.models_list_ttl_ms),
                 max: cfg.models_list_max,
                 max_bytes: cfg.models_list_max_bytes,
             },
-            idle_timeout: Duration::from_millis(cfg.idle_timeout_ms),
-            scheme,
-            prefix,
-            api_key,
-            lanes: (0..lanes.max(1))
-                .map(|_| Lane {
-                    client: client(
-                        tls.clone(),
-                        Duration::from_millis(cfg.connect_timeout_ms),
-                        cfg.max_concurrency,
-                    ),
-                    // A copy of its own, not a clone sharing one reference count.
-                    authority: http::uri::Authority::from_maybe_shared(Bytes::copy_from_slice(
-                        authority.as_str().as_bytes(),
-                    ))
-                    .unwrap_or_else(|_| authority.clone()),
-                })
-                .collect(),
+            endpoints,
         })
     }
 
-    /// Whether `other` sends the same provider key (a reload keeps this upstream, and its
-    /// pooled connections, only then).
+    /// Whether `other` sends the same provider keys to the same endpoints (a reload keeps this
+    /// upstream, and its pooled connections, only then).
     pub fn same_key(&self, other: &Upstream) -> bool {
-        self.api_key == other.api_key
+        self.endpoints.len() == other.endpoints.len()
+            && self
+                .endpoints
+                .iter()
+                .zip(other.endpoints.iter())
+                .all(|(a, b)| a.same_key(b))
     }
 
-    /// This connection worker's lane.
-    fn lane(&self) -> &Lane {
-        &self.lanes[crate::worker::current() % self.lanes.len()]
-    }
-
-    /// The provider's own model list: `GET base_url + /models` with the upstream's key, over
-    /// this worker's pooled client (its TLS), within `models_list.timeout` (connect, head and
-    /// body), the body read up to `models_list.max_bytes`. The error says why, never the key.
+    /// The provider's own model list: `GET base_url + /models` of the first endpoint with its
+    /// key, over this worker's pooled client (its TLS), within `models_list.timeout` (connect,
+    /// head and body), the body read up to `models_list.max_bytes`. The error says why, never
+    /// the key.
     pub async fn list_models(&self) -> Result<Bytes, String> {
         use http_body_util::BodyExt;
         let limits = self.models_list;
-        let uri = self
+        let endpoint = &self.endpoints[0];
+        let uri = endpoint
             .target(&Uri::from_static("/v1/models"))
             .map_err(|e| e.to_string())?;
         let mut req = Request::new(Full::new(Bytes::new()));
@@ -242,11 +197,10 @@ impl Upstream {
             http::header::ACCEPT,
             HeaderValue::from_static("application/json"),
         );
-        if let Some(key) = &self.api_key {
-            req.headers_mut()
-                .insert(http::header::AUTHORIZATION, key.clone());
+        if let Some((name, key)) = endpoint.auth(None) {
+            req.headers_mut().insert(name, key);
         }
-        let fut = self.lane().client.request(req);
+        let fut = endpoint.lane().client.request(req);
         let fetch = async move {
             let res = fut.await.map_err(|e| match tls_failure(&e) {
                 Some(why) => format!("TLS handshake failed: {why}"),
@@ -267,43 +221,10 @@ impl Upstream {
         }
     }
 
-    /// `base_url + (path without /v1) + ?query`.
+    /// `base_url + (path without /v1) + ?query` on the first endpoint.
     pub fn target(&self, uri: &Uri) -> Result<Uri, Error> {
-        let rest = uri.path().strip_prefix("/v1").ok_or(Error::BadPath)?;
-        let mut pq = String::with_capacity(self.prefix.len() + uri.path().len() + 16);
-        pq.push_str(&self.prefix);
-        pq.push_str(rest);
-        if let Some(q) = uri.query() {
-            pq.push('?');
-            pq.push_str(q);
-        }
-        Uri::builder()
-            .scheme(self.scheme.clone())
-            .authority(self.lane().authority.clone())
-            .path_and_query(pq)
-            .build()
-            .map_err(|_| Error::BadPath)
+        self.endpoints[0].target(uri)
     }
-}
-
-/// A pooled client with a connector of its own (its shared state is not shared with the other
-/// lanes).
-fn client(tls: rustls::ClientConfig, connect_timeout: Duration, pool: usize) -> HttpClient {
-    let mut http = HttpConnector::new();
-    http.enforce_http(false);
-    http.set_nodelay(true);
-    http.set_connect_timeout(Some(connect_timeout));
-    let connector = HttpsConnectorBuilder::new()
-        .with_tls_config(tls)
-        .https_or_http()
-        .enable_http1()
-        .enable_http2()
-        .wrap_connector(http);
-    Client::builder(TokioExecutor::new())
-        .pool_max_idle_per_host(pool)
-        .pool_idle_timeout(Duration::from_secs(90))
-        .pool_timer(hyper_util::rt::TokioTimer::new())
-        .build(connector)
 }
 
 /// The innermost service: forwards to the routed upstream.
@@ -373,16 +294,37 @@ impl tower::Service<Request<Bytes>> for Service {
         let Some(upstream) = self.upstreams.get(route.pool).cloned() else {
             return fail(crate::Error::internal("no upstream for the routed pool"));
         };
-        let (mut parts, body) = req.into_parts();
-        let uri = match upstream.target(&parts.uri) {
+        // The retry stage picks the endpoint of each attempt; a pool of one needs no pick.
+        let index = match ctx.endpoint() {
+            Some(to) => to.index,
+            None if upstream.endpoints.len() == 1 => 0,
+            None => return fail(crate::Error::internal("no endpoint picked for the attempt")),
+        };
+        let Some(endpoint) = upstream.endpoints.get(index) else {
+            // Picked from a reloaded endpoint list this (older) stack does not have.
+            return fail(Error::Unavailable(upstream.name.clone()).into());
+        };
+        let label = if upstream.endpoints.len() == 1 {
+            upstream.name.clone()
+        } else {
+            format!("{} ({})", upstream.name, endpoint.name)
+        };
+        let (mut parts, mut body) = req.into_parts();
+        let uri = match endpoint.target(&parts.uri) {
             Ok(uri) => uri,
             Err(e) => return fail(e.into()),
         };
-        let auth = identity
-            .tenant
-            .upstream_key
-            .clone()
-            .or_else(|| upstream.api_key.clone());
+        if let Some(to) = ctx
+            .request()
+            .ok()
+            .and_then(|p| endpoint.mapped_model(&p.model))
+        {
+            if let Some(rewritten) = endpoint::rewrite_model(&body, to) {
+                body = rewritten;
+            }
+        }
+        let own = identity.tenant.upstream_keys.for_endpoint(&endpoint.name);
+        let auth = endpoint.auth(own.map(|k| k.expose()));
         headers::for_upstream(
             &mut parts.headers,
             self.tenant_header.as_ref(),
@@ -393,8 +335,8 @@ impl tower::Service<Request<Bytes>> for Service {
             .headers
             .entry(crate::context::REQUEST_ID_HEADER)
             .or_insert_with(|| ctx.own_request_id().clone());
-        if let Some(auth) = auth {
-            parts.headers.insert(http::header::AUTHORIZATION, auth);
+        if let Some((name, value)) = auth {
+            parts.headers.insert(name, value);
         }
         if self.propagate_trace {
             parts
@@ -406,23 +348,29 @@ impl tower::Service<Request<Bytes>> for Service {
         *out.uri_mut() = uri;
         *out.version_mut() = Version::HTTP_11;
         *out.headers_mut() = parts.headers;
-        let fut = upstream.lane().client.request(out);
+        let fut = endpoint.lane().client.request(out);
+        let (first_byte, idle) = (endpoint.first_byte_timeout, endpoint.idle_timeout);
+        let endpoint_name = endpoint.name.clone();
         Box::pin(async move {
-            let res = match tokio::time::timeout(upstream.first_byte_timeout, fut).await {
+            let res = match tokio::time::timeout(first_byte, fut).await {
                 Err(_) => {
-                    let e = Error::Timeout(upstream.name.clone(), upstream.first_byte_timeout);
-                    return Err(e.into());
+                    return Err(Error::Timeout(label, first_byte).into());
                 }
                 Ok(Err(e)) => {
-                    tracing::warn!(upstream = %upstream.name, error = %e, "upstream request failed");
+                    tracing::warn!(
+                        upstream = %upstream.name,
+                        endpoint = %endpoint_name,
+                        error = %e,
+                        "upstream request failed"
+                    );
                     return Err(if let Some(why) = tls_failure(&e) {
-                        Error::Tls(upstream.name.clone(), why).into()
+                        Error::Tls(label, why).into()
                     } else if crate::fdlimit::caused_by_exhaustion(&e) {
-                        Error::NoDescriptors(upstream.name.clone()).into()
+                        Error::NoDescriptors(label).into()
                     } else if e.is_connect() {
-                        Error::Unavailable(upstream.name.clone()).into()
+                        Error::Unavailable(label).into()
                     } else {
-                        Error::Failed(upstream.name.clone()).into()
+                        Error::Failed(label).into()
                     });
                 }
                 Ok(Ok(res)) => res,
@@ -437,16 +385,19 @@ impl tower::Service<Request<Bytes>> for Service {
                     ctx.set_upstream_request_id_once(id.clone());
                 }
             }
-            let body = ResponseBody::upstream(IdleTimeout::new(body, upstream.idle_timeout));
+            let body = ResponseBody::upstream(IdleTimeout::new(body, idle));
             Ok(Response::from_parts(head, body))
         })
     }
 }
 
-/// Loads upstream `index`'s TLS files (CA bundle, client certificate and key) as `serve`
-/// would, for `fairgate check`.
+/// Loads upstream `index`'s endpoints' TLS files (CA bundle, client certificate and key) as
+/// `serve` would, for `fairgate check`.
 pub fn check_tls(cfg: &UpstreamConfig, index: usize) -> Result<(), ConfigError> {
-    tls::client_config(cfg, index).map(drop)
+    for (j, e) in cfg.endpoints.iter().enumerate() {
+        tls::client_config(e, index, j)?;
+    }
+    Ok(())
 }
 
 /// The TLS error behind a failed upstream request, if that is what failed.
@@ -476,10 +427,11 @@ mod tests {
     use super::*;
 
     fn upstream(base_url: &str) -> Upstream {
-        let cfg: UpstreamConfig = toml::from_str(&format!(
+        let cfg: UpstreamConfig = toml::from_str::<UpstreamConfig>(&format!(
             "name = \"u\"\nbase_url = \"{base_url}\"\nmodels = [\"gpt-*\", \"exact\"]\n"
         ))
-        .unwrap();
+        .unwrap()
+        .resolved();
         Upstream::from_config(&cfg, 0, 1, |_| None).unwrap()
     }
 
@@ -501,9 +453,11 @@ mod tests {
 
     #[test]
     fn missing_upstream_env_names_the_key() {
-        let cfg: UpstreamConfig =
-            toml::from_str("name = \"u\"\nbase_url = \"http://a/v1\"\napi_key_env = \"NOPE_X\"\n")
-                .unwrap();
+        let cfg: UpstreamConfig = toml::from_str::<UpstreamConfig>(
+            "name = \"u\"\nbase_url = \"http://a/v1\"\napi_key_env = \"NOPE_X\"\n",
+        )
+        .unwrap()
+        .resolved();
         let e = Upstream::from_config(&cfg, 2, 1, |_| None)
             .unwrap_err()
             .to_string();

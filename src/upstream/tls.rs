@@ -13,12 +13,17 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::{ClientConfig, RootCertStore};
 
-use crate::config::{ConfigError, UpstreamConfig};
+use crate::config::{ConfigError, EndpointConfig};
 
-/// Builds the rustls client configuration of upstream `index` (ALPN is set by the connector).
-pub fn client_config(cfg: &UpstreamConfig, index: usize) -> Result<ClientConfig, ConfigError> {
+/// Builds the rustls client configuration of endpoint `j` of upstream `i` (ALPN is set by the
+/// connector).
+pub fn client_config(
+    cfg: &EndpointConfig,
+    i: usize,
+    j: usize,
+) -> Result<ClientConfig, ConfigError> {
     let invalid = |k: &str, message: String| ConfigError::Invalid {
-        key: format!("upstreams[{index}].{k}"),
+        key: cfg.key(i, j, k),
         message,
     };
     let mut roots = RootCertStore::empty();
@@ -90,11 +95,12 @@ fn certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
 mod tests {
     use super::*;
 
-    fn cfg(extra: &str) -> UpstreamConfig {
-        toml::from_str(&format!(
+    fn cfg(extra: &str) -> EndpointConfig {
+        let u: crate::config::UpstreamConfig = toml::from_str(&format!(
             "name = \"u\"\nbase_url = \"https://a/v1\"\n{extra}\n"
         ))
-        .unwrap()
+        .unwrap();
+        u.resolved().endpoints.remove(0)
     }
 
     fn fixture(name: &str) -> String {
@@ -103,29 +109,31 @@ mod tests {
 
     #[test]
     fn bundled_roots_plus_a_ca_file_and_mtls_files_load() {
-        assert!(client_config(&cfg(""), 0).is_ok());
+        assert!(client_config(&cfg(""), 0, 0).is_ok());
         let ca = format!("ca_file = \"{}\"", fixture("localhost.crt"));
-        assert!(client_config(&cfg(&ca), 0).is_ok());
+        assert!(client_config(&cfg(&ca), 0, 0).is_ok());
         let mtls = format!(
             "client_cert_file = \"{}\"\nclient_key_file = \"{}\"",
             fixture("localhost.crt"),
             fixture("localhost.key")
         );
-        assert!(client_config(&cfg(&mtls), 0).is_ok());
+        assert!(client_config(&cfg(&mtls), 0, 0).is_ok());
     }
 
     #[test]
     fn bad_files_are_config_errors_naming_the_key() {
-        let e = client_config(&cfg("ca_file = \"/nonexistent.pem\""), 3)
+        let e = client_config(&cfg("ca_file = \"/nonexistent.pem\""), 3, 0)
             .unwrap_err()
             .to_string();
         assert!(e.starts_with("upstreams[3].ca_file"), "{e}");
         // A key file is not a certificate bundle.
         let key_as_ca = format!("ca_file = \"{}\"", fixture("localhost.key"));
-        let e = client_config(&cfg(&key_as_ca), 0).unwrap_err().to_string();
+        let e = client_config(&cfg(&key_as_ca), 0, 0)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("no certificate"), "{e}");
         let half = format!("client_cert_file = \"{}\"", fixture("localhost.crt"));
-        let e = client_config(&cfg(&half), 0).unwrap_err().to_string();
+        let e = client_config(&cfg(&half), 0, 0).unwrap_err().to_string();
         assert!(e.contains("client_key_file"), "{e}");
     }
 }
