@@ -210,6 +210,7 @@ impl super::Layer {
                 "throttled_total": cap.map(|c| c.throttled()),
                 "throttled_per_s": throttled_per_s,
                 "degraded": self.cluster.as_ref().map(|c| c.degraded()),
+                "endpoints": cap.map(|c| endpoint_rows(c)).unwrap_or_default(),
             });
             if query.timeline {
                 p["timeline"] = json!(timeline);
@@ -270,6 +271,27 @@ impl super::Layer {
             "refusals": refusals,
         })
     }
+}
+
+/// One row per endpoint of a pool: its state, load, learned limit and counters.
+fn endpoint_rows(cap: &crate::feedback::capacity::PoolCapacity) -> Vec<Value> {
+    cap.views()
+        .into_iter()
+        .map(|v| {
+            json!({
+                "name": &*v.name,
+                "state": v.state,
+                "priority": v.priority,
+                "in_flight": v.in_flight,
+                "limit": v.limit,
+                "configured": v.max,
+                "paused_ms": v.paused_for.as_millis() as u64,
+                "ejections": v.ejections,
+                "failovers": v.failovers,
+                "overloads": v.throttled,
+            })
+        })
+        .collect()
 }
 
 #[cfg(test)]

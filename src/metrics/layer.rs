@@ -257,11 +257,13 @@ impl Drop for Done {
         }
         let tenant = ctx.identity_if_known().map(|i| i.tenant.id.as_str());
         let request_id = ctx.request_id().to_str().unwrap_or_default();
+        let endpoint = ctx.endpoint();
         tracing::info!(
             target: "fairgate::request",
             request_id,
             tenant,
             model,
+            endpoint = endpoint.as_ref().map(|e| &*e.name),
             status = self.status.as_u16(),
             estimated_tokens = estimated,
             actual_tokens = actual,

@@ -11,6 +11,7 @@
 //! With `[metrics] per_tenant_labels = false` the `tenant` label carries the tenant's plan
 //! cohort instead of its id (tenants without a plan: `none`), bounding cardinality.
 
+mod endpoints;
 mod fairness;
 mod jobs;
 mod layer;
@@ -449,12 +450,15 @@ impl Metrics {
             self.counter("fairgate_upstream_429_total", "upstream", name)
                 .absolute(cap.throttled());
         }
+        let names: Vec<SharedString> = self.pools.iter().map(|(n, _)| n.clone().into()).collect();
+        endpoints::render(&self.recorder, &names, &admission.capacity);
         let r = &admission.retries;
         let plain =
             |name: &'static str| self.recorder.register_counter(&Key::from_name(name), &META);
         plain("fairgate_upstream_retries_total").absolute(r.retries.load(Ordering::Relaxed));
         plain("fairgate_upstream_retries_exhausted_total")
             .absolute(r.exhausted.load(Ordering::Relaxed));
+        plain("fairgate_upstream_failovers_total").absolute(r.failovers.load(Ordering::Relaxed));
         self.sample(pools, admission);
         let mut families = tenant::Families::with_capacity(self.series.len());
         for s in &self.series {

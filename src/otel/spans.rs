@@ -90,6 +90,10 @@ pub fn spans(ctx: &Context, end: &Ending<'_>, scope: &InstrumentationScope) -> V
         );
         u.attributes
             .push(KeyValue::new("fairgate.retries", i64::from(ctx.retries())));
+        if let Some(to) = ctx.endpoint() {
+            u.attributes
+                .push(KeyValue::new("fairgate.endpoint", to.name.to_string()));
+        }
         out.push(u);
     }
     let parent = trace.parent.map_or(SpanId::INVALID, SpanId::from_bytes);
