@@ -5,7 +5,7 @@
 //! bounded in count and time.
 //!
 //! Run with `cargo test --test hostile -- --nocapture` to see the figures (one `ISOLATION` line
-//! per attack; README's and BENCHMARKS.md's "Isolation" tables quote them).
+//! per attack; docs/isolation.md's and BENCHMARKS.md's "Isolation" tables quote them).
 
 mod common;
 
