@@ -34,7 +34,7 @@ enum Command {
         config: PathBuf,
     },
     /// Run the bundled OpenAI-compatible mock upstream.
-    MockUpstream(fairgate::mock::MockArgs),
+    MockUpstream(fairgate_mock::MockArgs),
     /// Run a scenario file through the real scheduler on a virtual clock (FIFO and DRR, or one).
     Simulate {
         /// Scenario file (see scenarios/).
@@ -66,7 +66,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Serve { config } => fairgate::cli::serve(&config),
         Command::Check { config } => fairgate::cli::check(&config),
-        Command::MockUpstream(args) => fairgate::cli::block_on(fairgate::mock::run_cli(args)),
+        Command::MockUpstream(args) => fairgate::cli::block_on(fairgate_mock::run_cli(args)),
         Command::Simulate { file, policy, json } => fairgate::cli::simulate(&file, policy, json),
         Command::Demo(args) => fairgate::cli::demo(&args),
         Command::Health(args) => fairgate::cli::health::run(&args),
