@@ -28,6 +28,7 @@
 //! value, a prompt or a completion. A client's trace with the sampled flag off is not exported.
 
 mod client;
+pub mod semconv;
 mod spans;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -142,7 +142,12 @@ async fn counters(addr: SocketAddr, model: &str) -> (u64, u64) {
         let text = scrape(addr).await;
         let labels = [("tenant", "a"), ("model", model)];
         let est = value(&text, "fairgate_tokens_estimated_total", &labels);
-        let act = value(&text, "fairgate_tokens_actual_total", &labels);
+        // Actual input and output are counted apart: the reconciled total is their sum.
+        let part = |kind| {
+            let labels = [("tenant", "a"), ("model", model), ("type", kind)];
+            value(&text, "fairgate_tokens_actual_total", &labels)
+        };
+        let act = part("input").zip(part("output")).map(|(i, o)| i + o);
         if let (Some(e), Some(a)) = (est, act) {
             if a > 0 {
                 return (e, a);

@@ -37,6 +37,7 @@ mod jobs;
 mod jobs_restart;
 mod key_isolation;
 mod metrics;
+mod metrics_format;
 mod metrics_scale;
 mod mock_profiles;
 mod openai_client;

@@ -45,6 +45,14 @@ pub const HADOLINT: Need = Need {
     skip_var: "FAIRGATE_SKIP_DEPLOY",
 };
 
+/// The official Python client's exposition-format parser (`tests/prometheus/check_scrape.py`,
+/// the metrics format test).
+pub const PROMETHEUS_PARSER: Need = Need {
+    what: "python3 with prometheus-client",
+    install: "pip install prometheus-client",
+    skip_var: "FAIRGATE_SKIP_METRICS_PARSER",
+};
+
 impl Need {
     /// Called when the program is not on PATH: records it and returns (the caller skips the
     /// test) when the developer opted out, else records it and fails the test.
