@@ -6,13 +6,13 @@
 # Alternating builds within one run is the only comparison that survives this shared host,
 # whose speed drifts by 2x across hours.
 #
-#   bench/ab.sh target/release/fairgate /tmp/fairgate-old     # ROUNDS=2 DURATION=5s
-#   bench/ab.sh target/release/fairgate:1 target/release/fairgate:2   # BIN:N sets [server] workers
-#   bench/ab.sh target/release/fairgate target/release/examples/ceiling  # vs the hyper-only ceiling
+#   bench/ab.sh target/profiling/fairgate /tmp/fairgate-old     # ROUNDS=2 DURATION=5s
+#   bench/ab.sh target/profiling/fairgate:1 target/profiling/fairgate:2   # BIN:N sets [server] workers
+#   bench/ab.sh target/profiling/fairgate target/profiling/examples/ceiling  # vs the hyper-only ceiling
 #
 # The first binary must be a fairgate build (it also runs the mock upstream); later ones may be
 # anything that takes `serve --config FILE`, such as `examples/ceiling.rs`
-# (`cargo build --release --example ceiling`).
+# (`cargo build --profile profiling --example ceiling`).
 #
 # Needs wrk and nginx (bench/overhead.sh installs them). Everything binds 127.0.0.1 and is
 # stopped on exit.

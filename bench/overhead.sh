@@ -28,9 +28,9 @@
 #   ROUNDS=1                        with nginx and fairgate both run: repeat their two rows
 #                                   alternately this many times (servers kept up) and print
 #                                   every round's ratios and their median (noisy shared hosts)
-#   SKIP_BUILD=1                    reuse target/release/fairgate as is
+#   SKIP_BUILD=1                    reuse target/profiling/fairgate as is
 #   FAIRGATE_BIN=path               use another fairgate binary (implies nothing about SKIP_BUILD)
-#   CEILING_BIN=path                likewise for the ceiling (default target/release/examples/ceiling)
+#   CEILING_BIN=path                likewise for the ceiling (default target/profiling/examples/ceiling)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -39,8 +39,8 @@ THREADS="${THREADS:-2}"
 CONNS="${CONNS:-64}"
 DURATION="${DURATION:-10s}"
 WARMUP="${WARMUP:-2s}"
-BIN="${FAIRGATE_BIN:-$ROOT/target/release/fairgate}"
-CEILING_BIN="${CEILING_BIN:-$ROOT/target/release/examples/ceiling}"
+BIN="${FAIRGATE_BIN:-$ROOT/target/profiling/fairgate}"
+CEILING_BIN="${CEILING_BIN:-$ROOT/target/profiling/examples/ceiling}"
 LUA="$ROOT/bench/chat.lua"
 
 WORK="$(mktemp -d -t fairgate-bench.XXXXXX)"
@@ -269,10 +269,10 @@ row() {
 main() {
     need_tools
     if [ "${SKIP_BUILD:-0}" != "1" ]; then
-        log "cargo build --release"
-        (cd "$ROOT" && cargo build --release --locked)
+        log "cargo build --profile profiling"
+        (cd "$ROOT" && cargo build --profile profiling --locked)
         if want ceiling; then
-            (cd "$ROOT" && cargo build --release --locked --example ceiling)
+            (cd "$ROOT" && cargo build --profile profiling --locked --example ceiling)
         fi
     fi
     [ -x "$BIN" ] || { log "missing $BIN"; exit 1; }

@@ -6,11 +6,11 @@
 #
 #   bench/tenants10k.sh [BIN] [N] [EXTRA_METRICS_TOML]
 #
-# BIN defaults to target/release/fairgate (build it with `cargo build --release`; a debug build's
+# BIN defaults to target/profiling/fairgate (build it with `cargo build --profile profiling`; a debug build's
 # timings mean nothing). EXTRA_METRICS_TOML is appended under [metrics], e.g.
 # 'histograms = "tenant"' to see what per-tenant histograms cost.
 set -euo pipefail
-BIN=${1:-target/release/fairgate}
+BIN=${1:-target/profiling/fairgate}
 N=${2:-10000}
 EXTRA=${3:-}
 DIR=$(mktemp -d)

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use fairgate::config::Config;
-use fairgate::mock::{MockConfig, MockServer};
+use fairgate_mock::{MockConfig, MockServer};
 use http::Request;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};

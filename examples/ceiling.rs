@@ -11,8 +11,8 @@
 //! binary first to `bench/ab.sh`.
 //!
 //! ```sh
-//! cargo build --release --example ceiling
-//! bench/ab.sh target/release/fairgate target/release/examples/ceiling
+//! cargo build --profile profiling --example ceiling
+//! bench/ab.sh target/profiling/fairgate target/profiling/examples/ceiling
 //! ```
 
 use std::str::FromStr;

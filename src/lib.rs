@@ -6,8 +6,9 @@
 //! `admission` → `usage` (reconcile) → `queue` (driving the pure `scheduler`) → `feedback`
 //! (upstream capacity and retries) → `upstream`. Stages share one per-request [`context`] and
 //! fail with their own [`error`] types. `server` assembles them into one tower stack;
-//! ARCHITECTURE.md says which module may import which. `mock` is the bundled
-//! OpenAI-compatible test upstream; `sim` drives the same scheduler on a virtual clock.
+//! ARCHITECTURE.md says which module may import which. `sim` drives the same scheduler on a
+//! virtual clock. The bundled OpenAI-compatible test upstream is its own crate, `fairgate-mock`
+//! (`crates/mock`), used only by `demo` and `fairgate mock-upstream`.
 // `deny`, not `forbid`: `scheduler::prefetch` allows one cache-prefetch intrinsic and `memory`
 // two calls into the allocator.
 #![deny(unsafe_code)]
@@ -30,7 +31,6 @@ pub mod jobs;
 pub mod log;
 pub mod memory;
 pub mod metrics;
-pub mod mock;
 pub mod otel;
 pub mod queue;
 pub mod ratelimit;

@@ -34,7 +34,7 @@ enum Command {
         config: PathBuf,
     },
     /// Run the bundled OpenAI-compatible mock upstream.
-    MockUpstream(fairgate::mock::MockArgs),
+    MockUpstream(fairgate_mock::MockArgs),
     /// Run a scenario file through the real scheduler on a virtual clock (FIFO and DRR, or one).
     Simulate {
         /// Scenario file (see scenarios/).
@@ -48,6 +48,8 @@ enum Command {
     },
     /// Show FIFO against fair scheduling on the bundled mock upstream (about half a minute).
     Demo(fairgate::demo::DemoArgs),
+    /// Ask a fairgate (or any) URL whether it is healthy: exit 0 on a 2xx answer, else 1.
+    Health(fairgate::cli::health::HealthArgs),
 }
 
 fn parse_policy(s: &str) -> Result<fairgate::scheduler::Policy, String> {
@@ -64,8 +66,9 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Serve { config } => fairgate::cli::serve(&config),
         Command::Check { config } => fairgate::cli::check(&config),
-        Command::MockUpstream(args) => fairgate::cli::block_on(fairgate::mock::run_cli(args)),
+        Command::MockUpstream(args) => fairgate::cli::block_on(fairgate_mock::run_cli(args)),
         Command::Simulate { file, policy, json } => fairgate::cli::simulate(&file, policy, json),
         Command::Demo(args) => fairgate::cli::demo(&args),
+        Command::Health(args) => fairgate::cli::health::run(&args),
     }
 }

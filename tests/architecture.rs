@@ -170,3 +170,46 @@ fn no_import_circle_crosses_top_level_modules() {
         report.join("\n")
     );
 }
+
+/// The mock upstream is its own crate (`crates/mock`): the proxy names it only where a user
+/// asks for it (`fairgate mock-upstream` in `main.rs`, `fairgate demo` in `demo`), and it
+/// names nothing of the proxy (it is the provider the proxy is tested against).
+#[test]
+fn the_mock_crate_is_named_only_by_main_and_demo_and_names_no_proxy_code() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    rust_files(&root.join("src"), &mut files);
+    let users: Vec<String> = files
+        .iter()
+        .filter(|f| {
+            std::fs::read_to_string(f)
+                .expect("read file")
+                .lines()
+                .any(|l| {
+                    l.split("//")
+                        .next()
+                        .unwrap_or_default()
+                        .contains("fairgate_mock")
+                })
+        })
+        .map(|f| f.strip_prefix(root).unwrap().display().to_string())
+        .collect();
+    assert!(!users.is_empty(), "the source tree was not found");
+    for user in &users {
+        assert!(
+            user == "src/main.rs" || user.starts_with("src/demo/"),
+            "{user} imports fairgate_mock: only `fairgate mock-upstream` (main.rs) and `demo` may"
+        );
+    }
+    let mut mock = Vec::new();
+    rust_files(&root.join("crates/mock/src"), &mut mock);
+    assert!(mock.len() > 5, "the mock crate was not found");
+    for file in &mock {
+        let code = std::fs::read_to_string(file).expect("read file");
+        assert!(
+            !code.contains("fairgate::"),
+            "{} names the proxy (`fairgate::`): the mock imports nothing of it",
+            file.display()
+        );
+    }
+}

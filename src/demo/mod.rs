@@ -14,8 +14,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::config::Config;
-use crate::mock::{MockConfig, MockServer};
 use crate::server;
+use fairgate_mock::{MockConfig, MockServer};
 
 pub use workload::{Sample, Schedule};
 

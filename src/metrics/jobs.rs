@@ -1,9 +1,9 @@
 //! The jobs subsystem's series (`crate::jobs::Meter`): `fairgate_jobs{tenant,state}`,
 //! `fairgate_batch_lines_total{tenant,outcome}`, `fairgate_jobs_oldest_queued_seconds` and
 //! `fairgate_jobs_late_total{tenant}` (answers discarded because the lease was lost).
-//! The `tenant` label is the one every per-tenant series uses (the tenant id, or its plan
-//! without `per_tenant_labels`); an id not configured (a tenant removed since) is `other`, so
-//! the label set stays bounded by the config.
+//! The per-tenant label is the one every per-tenant series uses (`tenant`, the id, or `plan`,
+//! its cohort, without `per_tenant_labels`); an id not configured (a tenant removed since) is
+//! `other`, so the label set stays bounded by the config.
 
 use metrics::{Key, Label, Recorder, SharedString};
 
@@ -60,7 +60,7 @@ impl crate::jobs::Meter for Metrics {
             let key = Key::from_parts(
                 "fairgate_jobs",
                 vec![
-                    Label::new("tenant", label),
+                    Label::new(self.label_key, label),
                     Label::new("state", SharedString::const_str(st)),
                 ],
             );
@@ -72,7 +72,7 @@ impl crate::jobs::Meter for Metrics {
         let key = Key::from_parts(
             "fairgate_batch_lines_total",
             vec![
-                Label::new("tenant", self.jobs_label(tenant)),
+                Label::new(self.label_key, self.jobs_label(tenant)),
                 Label::new("outcome", SharedString::const_str(outcome)),
             ],
         );
@@ -82,7 +82,7 @@ impl crate::jobs::Meter for Metrics {
     fn late(&self, tenant: &str) {
         let key = Key::from_parts(
             "fairgate_jobs_late_total",
-            vec![Label::new("tenant", self.jobs_label(tenant))],
+            vec![Label::new(self.label_key, self.jobs_label(tenant))],
         );
         self.recorder.register_counter(&key, &META).increment(1);
     }

@@ -59,6 +59,7 @@ struct Record {
     ctx: Ctx,
     start: Instant,
     otel: Option<Arc<crate::otel::Exporter>>,
+    genai: Arc<super::genai::GenAi>,
 }
 
 impl Record {
@@ -146,6 +147,7 @@ where
             ctx,
             start: Instant::now(),
             otel: self.metrics.otel().cloned(),
+            genai: self.metrics.genai().clone(),
         };
         let fut = self.inner.call(req);
         Either::Right(Box::pin(async move {
@@ -230,17 +232,32 @@ impl Drop for Done {
         let ctx = &r.ctx;
         let dispatch = ctx.dispatch();
         let model = ctx.request_if_parsed().map(|p| p.model.as_str());
+        let estimate = ctx.estimate_if_counted();
         let estimated = r.estimated();
         let usage = ctx.usage();
         let actual = usage.map(|u| u.tokens.total().0);
         if let Some(reason) = usage.and_then(|u| u.unread) {
             t.usage_unread(reason);
         }
-        if let (Some(model), Some(estimated), Some(_)) = (model, estimated, dispatch) {
-            t.tokens(model, estimated, actual);
+        if let (Some(model), Some(e), Some(_)) = (model, estimate, dispatch) {
+            t.tokens(model, e.charge, usage.map(|u| u.tokens));
         }
         // Client-chosen: logged as it is labelled (cut, past the tenant's count `other`).
         let model = model.map(|m| t.model_label(m));
+        // `error.type`: why fairgate refused or cut it, else the failing status passed on.
+        let error = self.refused.or_else(|| {
+            (self.status.as_u16() >= 400).then(|| super::genai::status_error(self.status.as_u16()))
+        });
+        if let (Some(d), Some(e), Some(m)) = (dispatch, estimate, model.as_deref()) {
+            r.genai.record(&super::genai::Call {
+                endpoint: e.endpoint,
+                pool: d.pool,
+                model: m,
+                duration: d.at.elapsed(),
+                error,
+                usage: usage.filter(|u| u.reported).map(|u| u.tokens),
+            });
+        }
         if let Some(otel) = &r.otel {
             otel.emit(
                 ctx,

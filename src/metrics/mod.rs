@@ -8,14 +8,21 @@
 //! ratio and Jain's index over the last 30 s of served tokens, learned upstream limit) and the
 //! admission counters are computed at scrape time from the pools' and admission's state.
 //!
-//! With `[metrics] per_tenant_labels = false` the `tenant` label carries the tenant's plan
-//! cohort instead of its id (tenants without a plan: `none`), bounding cardinality.
+//! One meaning per label: per-tenant series carry `tenant` (the id) — or, with `[metrics]
+//! per_tenant_labels = false`, `plan` (the tenant's plan cohort; `none` without one) instead,
+//! bounding cardinality; a `tenant` label never holds a plan name. Every family has `# HELP`
+//! and `# TYPE` (`help` for the registry's); the scrape also carries `fairgate_build_info` and
+//! the standard `process_*` families (`process`), and the OpenTelemetry GenAI client metrics
+//! in their Prometheus form (`genai`).
 
 mod endpoints;
 mod fairness;
+mod genai;
+mod help;
 mod jobs;
 mod layer;
 pub mod live;
+mod process;
 mod scrape;
 mod tenant;
 
@@ -50,6 +57,12 @@ const SECONDS: [f64; 14] = [
 ];
 /// Bucket bounds of `fairgate_estimate_error_ratio` (actual ÷ estimated).
 const RATIO: [f64; 9] = [0.1, 0.25, 0.5, 0.75, 0.9, 1.1, 1.5, 2.0, 4.0];
+/// `fairgate_build_info`'s `revision`: the commit the binary was built from, when the build set
+/// `FAIRGATE_REVISION` (the Dockerfile's `REVISION` argument), else `unknown`.
+const REVISION: &str = match option_env!("FAIRGATE_REVISION") {
+    Some(r) => r,
+    None => "unknown",
+};
 pub(crate) static META: Metadata<'static> =
     Metadata::new(module_path!(), metrics::Level::INFO, None);
 
@@ -80,6 +93,10 @@ pub struct Metrics {
     handle: PrometheusHandle,
     epoch: Instant,
     per_tenant_labels: bool,
+    /// The per-tenant label's name: `tenant`, or `plan` without `per_tenant_labels`.
+    label_key: &'static str,
+    /// The GenAI client metrics (`gen_ai_client_*`; the registry's series outlive a reload).
+    genai: Arc<genai::GenAi>,
     histograms: HistogramLabels,
     top_tenants: usize,
     tenants: crate::domain::FastMap<TenantId, Entry>,
@@ -114,13 +131,19 @@ impl Metrics {
         ] {
             builder = with(builder, name, &SECONDS);
         }
+        builder = with(builder, genai::TOKEN_USAGE, &genai::TOKEN_BUCKETS);
+        builder = with(builder, genai::DURATION, &genai::DURATION_BUCKETS);
         let recorder = Arc::new(builder.build_recorder());
+        help::describe(&recorder);
         let handle = recorder.handle();
+        let per_tenant_labels = config.metrics.per_tenant_labels;
         let empty = Self {
+            genai: Arc::new(genai::GenAi::new(recorder.clone(), config)),
             recorder,
             handle,
             epoch: Instant::now(),
-            per_tenant_labels: config.metrics.per_tenant_labels,
+            per_tenant_labels,
+            label_key: if per_tenant_labels { "tenant" } else { "plan" },
             histograms: config.metrics.histograms,
             top_tenants: config.metrics.top_tenants,
             tenants: Default::default(),
@@ -157,8 +180,8 @@ impl Metrics {
                 cohort.clone()
             };
             let hist_label = match self.histograms {
-                HistogramLabels::Plan => ("plan", cohort),
-                HistogramLabels::Tenant => ("tenant", label.clone()),
+                HistogramLabels::Tenant if self.per_tenant_labels => ("tenant", label.clone()),
+                _ => ("plan", cohort),
             };
             let (index, series) = by_label
                 .entry(label.clone())
@@ -180,7 +203,7 @@ impl Metrics {
                                     ))
                                 })
                                 .clone();
-                            Arc::new(TenantMetrics::new(&label, h))
+                            Arc::new(TenantMetrics::new(self.label_key, &label, h))
                         });
                     (labels.len() - 1, series)
                 })
@@ -224,6 +247,8 @@ impl Metrics {
             handle: self.handle.clone(),
             epoch: self.epoch,
             per_tenant_labels: self.per_tenant_labels,
+            label_key: self.label_key,
+            genai: Arc::new(genai::GenAi::new(self.recorder.clone(), config)),
             histograms: self.histograms,
             top_tenants: self.top_tenants,
             tenants,
@@ -233,6 +258,11 @@ impl Metrics {
             otel: self.otel.clone(),
             timeline: self.timeline.clone(),
         })
+    }
+
+    /// The GenAI client metrics of this generation's pools.
+    pub(crate) fn genai(&self) -> &Arc<genai::GenAi> {
+        &self.genai
     }
 
     /// The OpenTelemetry exporter, if `[otel] endpoint` is set.
@@ -418,7 +448,8 @@ impl Metrics {
             for &l in &order {
                 if let Some(v) = value(l) {
                     let label = escape(&self.labels[l]);
-                    let _ = writeln!(gauges, "{name}{{tenant=\"{label}\"}} {v}");
+                    let key = self.label_key;
+                    let _ = writeln!(gauges, "{name}{{{key}=\"{label}\"}} {v}");
                 }
             }
             gauges.push('\n');
@@ -470,6 +501,20 @@ impl Metrics {
         drop(registry);
         families.finish(&mut text);
         text.push_str(&gauges);
+        {
+            use std::fmt::Write as _;
+            let _ =
+                writeln!(
+                text,
+                "# HELP fairgate_build_info The running fairgate's version and build (always 1).\n\
+                 # TYPE fairgate_build_info gauge\n\
+                 fairgate_build_info{{version=\"{}\",revision=\"{}\",profile=\"{}\"}} 1\n",
+                env!("CARGO_PKG_VERSION"),
+                escape(REVISION),
+                if cfg!(debug_assertions) { "debug" } else { "release" },
+            );
+        }
+        process::write(&mut text);
         text
     }
 }

@@ -16,7 +16,7 @@ use metrics::{Histogram, Key, Label, Recorder, SharedString};
 use metrics_exporter_prometheus::PrometheusRecorder;
 
 use super::META;
-use crate::domain::Class;
+use crate::domain::{Charge, Class};
 
 /// Distinct models counted per tenant before the rest is counted as `other`.
 pub const MAX_MODELS: usize = 32;
@@ -86,6 +86,8 @@ impl Histograms {
 /// `Key` with owned labels each and a render that groups and sorts every series into temporary
 /// maps on each scrape (BENCHMARKS.md, "Observability at 10,000 tenants").
 pub struct TenantMetrics {
+    /// The label's name: `tenant` (an id), or `plan` (a cohort, without `per_tenant_labels`).
+    key: &'static str,
     label: SharedString,
     histograms: Arc<Histograms>,
     /// Status 200 (nearly every request): lock-free.
@@ -95,11 +97,33 @@ pub struct TenantMetrics {
     deadline_misses: AtomicU64,
     rejected: Mutex<Vec<(&'static str, u64)>>,
     unread: Mutex<Vec<(&'static str, u64)>>,
-    /// The first model seen and its (estimated, actual) counts: lock-free.
-    first_model: OnceLock<(String, AtomicU64, AtomicU64)>,
+    /// The first model seen and its counts: lock-free.
+    first_model: OnceLock<(String, ModelCounts)>,
     /// The other models (at most [`MAX_MODELS`] in all, then `other`).
-    models: Mutex<Vec<(String, u64, u64)>>,
+    models: Mutex<Vec<(String, ModelCounts)>>,
 }
+
+/// One model's token counters: estimated (input and output together), and actual, input
+/// and output apart.
+#[derive(Default)]
+struct ModelCounts {
+    estimated: AtomicU64,
+    actual: [AtomicU64; 2],
+}
+
+impl ModelCounts {
+    fn add(&self, estimated: Charge, actual: Option<Charge>) {
+        self.estimated
+            .fetch_add(estimated.total().0, Ordering::Relaxed);
+        if let Some(a) = actual {
+            self.actual[0].fetch_add(a.input, Ordering::Relaxed);
+            self.actual[1].fetch_add(a.output, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The values of the `type` label of the token families, indexed like [`ModelCounts`]'s.
+const TOKEN_TYPES: [&str; 2] = ["input", "output"];
 
 /// The per-tenant counter families, each written contiguously (Prometheus text format).
 #[derive(Default)]
@@ -153,12 +177,12 @@ impl Families {
             ),
             (
                 "fairgate_tokens_estimated_total",
-                "Estimated tokens by model.",
+                "Tokens charged at admission (counted input plus estimated output) of dispatched requests, by model.",
                 self.estimated,
             ),
             (
                 "fairgate_tokens_actual_total",
-                "Actual tokens by model.",
+                "Tokens reconciled by model and type: the provider's usage, else the stated fallback count.",
                 self.actual,
             ),
             (
@@ -198,12 +222,17 @@ impl Families {
     }
 }
 
-/// Writes `name{tenant="label",key="value"} n` (or without the second label).
-fn line(out: &mut String, name: &str, tenant: &str, extra: Option<(&str, &str)>, n: u64) {
+/// The label of a series: `(tenant|plan, value)`.
+type Who<'a> = (&'static str, &'a str);
+
+/// Writes `name{tenant="label",k="v",…} n` (the first label is `who`'s).
+fn line(out: &mut String, name: &str, who: Who<'_>, extra: &[(&str, &str)], n: u64) {
     out.push_str(name);
-    out.push_str("{tenant=\"");
-    out.push_str(&super::escape(tenant));
-    if let Some((k, v)) = extra {
+    out.push('{');
+    out.push_str(who.0);
+    out.push_str("=\"");
+    out.push_str(&super::escape(who.1));
+    for (k, v) in extra {
         out.push_str("\",");
         out.push_str(k);
         out.push_str("=\"");
@@ -226,8 +255,9 @@ fn bump<K: PartialEq + Copy>(v: &mut Vec<(K, u64)>, k: K, n: u64) {
 }
 
 impl TenantMetrics {
-    pub(super) fn new(label: &str, histograms: Arc<Histograms>) -> Self {
+    pub(super) fn new(key: &'static str, label: &str, histograms: Arc<Histograms>) -> Self {
         Self {
+            key,
             label: label.to_owned().into(),
             histograms,
             ok: AtomicU64::new(0),
@@ -243,14 +273,14 @@ impl TenantMetrics {
 
     /// Writes this label's counters (those counted at least once) into `f`.
     pub(super) fn write(&self, f: &mut Families) {
-        let t: &str = &self.label;
+        let t: Who<'_> = (self.key, &self.label);
         let ok = self.ok.load(Ordering::Relaxed);
         if ok > 0 {
             line(
                 &mut f.requests,
                 "fairgate_requests_total",
                 t,
-                Some(("status", "200")),
+                &[("status", "200")],
                 ok,
             );
         }
@@ -260,31 +290,30 @@ impl TenantMetrics {
                 &mut f.requests,
                 "fairgate_requests_total",
                 t,
-                Some(("status", &status)),
+                &[("status", &status)],
                 *n,
             );
         }
-        let mut model = |m: &str, e: u64, a: u64| {
+        let mut model = |m: &str, c: &ModelCounts| {
+            let e = c.estimated.load(Ordering::Relaxed);
             line(
                 &mut f.estimated,
                 "fairgate_tokens_estimated_total",
                 t,
-                Some(("model", m)),
+                &[("model", m)],
                 e,
             );
-            line(
-                &mut f.actual,
-                "fairgate_tokens_actual_total",
-                t,
-                Some(("model", m)),
-                a,
-            );
+            for (i, kind) in TOKEN_TYPES.into_iter().enumerate() {
+                let labels = [("model", m), ("type", kind)];
+                let a = c.actual[i].load(Ordering::Relaxed);
+                line(&mut f.actual, "fairgate_tokens_actual_total", t, &labels, a);
+            }
         };
-        if let Some((m, e, a)) = self.first_model.get() {
-            model(m, e.load(Ordering::Relaxed), a.load(Ordering::Relaxed));
+        if let Some((m, c)) = self.first_model.get() {
+            model(m, c);
         }
-        for (m, e, a) in lock(&self.models).iter() {
-            model(m, *e, *a);
+        for (m, c) in lock(&self.models).iter() {
+            model(m, c);
         }
         for (i, outcome) in ["admitted", "deferred", "rejected"].into_iter().enumerate() {
             let n = self.costs[i].load(Ordering::Relaxed);
@@ -293,7 +322,7 @@ impl TenantMetrics {
                     &mut f.costs,
                     "fairgate_cost_tokens_total",
                     t,
-                    Some(("outcome", outcome)),
+                    &[("outcome", outcome)],
                     n,
                 );
             }
@@ -304,7 +333,7 @@ impl TenantMetrics {
                 &mut f.deadline,
                 "fairgate_deadline_misses_total",
                 t,
-                None,
+                &[],
                 misses,
             );
         }
@@ -313,7 +342,7 @@ impl TenantMetrics {
                 &mut f.rejected,
                 "fairgate_rejected_total",
                 t,
-                Some(("reason", reason)),
+                &[("reason", reason)],
                 *n,
             );
         }
@@ -322,7 +351,7 @@ impl TenantMetrics {
                 &mut f.unread,
                 "fairgate_usage_unread_total",
                 t,
-                Some(("reason", reason)),
+                &[("reason", reason)],
                 *n,
             );
         }
@@ -370,29 +399,28 @@ impl TenantMetrics {
         }
     }
 
-    /// Counts a request's estimated and (when known) actual tokens for `model`.
-    pub fn tokens(&self, model: &str, estimated: u64, actual: Option<u64>) {
+    /// Counts a request's estimated and (when known) actual tokens for `model`, input and
+    /// output apart.
+    pub fn tokens(&self, model: &str, estimated: Charge, actual: Option<Charge>) {
         if let Some(actual) = actual {
             self.histograms
                 .error_ratio
-                .record(actual as f64 / estimated.max(1) as f64);
+                .record(actual.total().0 as f64 / estimated.total().0.max(1) as f64);
         }
         let first = self
             .first_model
-            .get_or_init(|| (cut(model).to_owned(), AtomicU64::new(0), AtomicU64::new(0)));
+            .get_or_init(|| (cut(model).to_owned(), ModelCounts::default()));
         if first.0 == cut(model) {
-            first.1.fetch_add(estimated, Ordering::Relaxed);
-            first.2.fetch_add(actual.unwrap_or(0), Ordering::Relaxed);
+            first.1.add(estimated, actual);
             return;
         }
         let mut models = lock(&self.models);
         let i = self.model_index(&mut models, model);
-        models[i].1 += estimated;
-        models[i].2 += actual.unwrap_or(0);
+        models[i].1.add(estimated, actual);
     }
 
     /// The index in `models` of `model`'s series (registered now if new).
-    fn model_index(&self, models: &mut Vec<(String, u64, u64)>, model: &str) -> usize {
+    fn model_index(&self, models: &mut Vec<(String, ModelCounts)>, model: &str) -> usize {
         let model = cut(model);
         if let Some(i) = models.iter().position(|(m, ..)| m == model) {
             return i;
@@ -403,7 +431,7 @@ impl TenantMetrics {
         match models.iter().position(|(m, ..)| m == name) {
             Some(i) => i,
             None => {
-                models.push((name.to_owned(), 0, 0));
+                models.push((name.to_owned(), ModelCounts::default()));
                 models.len() - 1
             }
         }
@@ -414,7 +442,7 @@ impl TenantMetrics {
     pub fn model_label(&self, model: &str) -> String {
         let first = self
             .first_model
-            .get_or_init(|| (cut(model).to_owned(), AtomicU64::new(0), AtomicU64::new(0)));
+            .get_or_init(|| (cut(model).to_owned(), ModelCounts::default()));
         if first.0 == cut(model) {
             return first.0.clone();
         }
@@ -444,14 +472,19 @@ mod tests {
     #[test]
     fn lock_free_paths_count_like_the_maps() {
         let recorder = Arc::new(PrometheusBuilder::new().build_recorder());
-        let t = TenantMetrics::new("t", Arc::new(Histograms::new(&recorder, "tenant", "t")));
+        let t = TenantMetrics::new(
+            "tenant",
+            "t",
+            Arc::new(Histograms::new(&recorder, "tenant", "t")),
+        );
         for status in [200, 200, 404, 200] {
             t.request(status);
         }
-        t.tokens("m1", 10, Some(20));
-        t.tokens("m1", 5, None);
-        t.tokens("m2", 7, Some(1));
-        t.tokens("m1", 1, Some(2));
+        let c = |input, output| Charge { input, output };
+        t.tokens("m1", c(4, 6), Some(c(5, 15)));
+        t.tokens("m1", c(5, 0), None);
+        t.tokens("m2", c(3, 4), Some(c(1, 0)));
+        t.tokens("m1", c(1, 0), Some(c(1, 1)));
         let text = render(&t);
         let value = |prefix: &str| {
             line(&text, prefix)
@@ -473,14 +506,19 @@ mod tests {
         assert_eq!(value(&format!(r#"{est}"m1"}}"#)), "16");
         assert_eq!(value(&format!(r#"{est}"m2"}}"#)), "7");
         let act = r#"fairgate_tokens_actual_total{tenant="t",model="#;
-        assert_eq!(value(&format!(r#"{act}"m1"}}"#)), "22");
-        assert_eq!(value(&format!(r#"{act}"m2"}}"#)), "1");
+        assert_eq!(value(&format!(r#"{act}"m1",type="input"}}"#)), "6");
+        assert_eq!(value(&format!(r#"{act}"m1",type="output"}}"#)), "16");
+        assert_eq!(value(&format!(r#"{act}"m2",type="input"}}"#)), "1");
     }
 
     #[test]
     fn client_chosen_model_names_are_cut_and_folded_into_other() {
         let recorder = Arc::new(PrometheusBuilder::new().build_recorder());
-        let t = TenantMetrics::new("t", Arc::new(Histograms::new(&recorder, "tenant", "t")));
+        let t = TenantMetrics::new(
+            "tenant",
+            "t",
+            Arc::new(Histograms::new(&recorder, "tenant", "t")),
+        );
         let long = format!("{}é", "m".repeat(MAX_LABEL - 1));
         assert_eq!(
             t.model_label(&long),
@@ -489,7 +527,11 @@ mod tests {
         );
         for i in 0..500 {
             let model = format!("invented-{i}-{}", "x".repeat(10_000));
-            t.tokens(&model, 1, Some(1));
+            let one = Charge {
+                input: 1,
+                output: 0,
+            };
+            t.tokens(&model, one, Some(one));
             let label = t.model_label(&model);
             assert!(label.len() <= MAX_LABEL);
             if i >= MAX_MODELS {
@@ -503,7 +545,10 @@ mod tests {
             .count();
         assert_eq!(series, MAX_MODELS + 1, "{MAX_MODELS} names and `other`");
         assert!(text.lines().all(|l| l.len() < 200), "no long label");
-        assert!(text.contains(r#"model="other"} 469"#), "{text}");
+        assert!(
+            text.contains(r#"model="other",type="input"} 469"#),
+            "{text}"
+        );
         // A known model keeps its name.
         assert_eq!(t.model_label(&long), "m".repeat(MAX_LABEL - 1));
     }

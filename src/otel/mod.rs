@@ -12,7 +12,7 @@
 //! the processor exports from a thread of its own (blocking it on the export future) with a
 //! queue that cannot be told apart from ours in the metrics; this module keeps its own bounded
 //! queue and export task instead. `http-json` over `http-proto`: the same crates but
-//! `const-hex`, the same wire format fairgate always sent (and `tests/otel.rs` reads), the
+//! `const-hex`, the same wire format fairgate always sent (and `tests/e2e/otel.rs` reads), the
 //! collector's answer readable in a log. The SDK's `TraceContextPropagator` is not used to read
 //! `traceparent` (`context::Trace` does): it accepts ids shorter than 32/16 hex digits.
 //! The exporter's own retries are off (`RetryPolicy::disabled`): without its `tokio` feature
@@ -28,6 +28,7 @@
 //! value, a prompt or a completion. A client's trace with the sampled flag off is not exported.
 
 mod client;
+pub mod semconv;
 mod spans;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

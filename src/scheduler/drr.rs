@@ -12,7 +12,7 @@
 //!   out one free slot each, in arrival order, and only then does any of their visits run on —
 //!   a newcomer cuts into another newcomer's turn after its first request like into any visit
 //!   (it once waited for the whole turn: a quantum of the tenant that happened to queue first,
-//!   ~50 requests in `tests/cluster.rs`'s noisy-neighbour test). To keep this
+//!   ~50 requests in `tests/e2e/cluster/fairness.rs`'s noisy-neighbour test). To keep this
 //!   from being gamed, a tenant whose queue empties keeps its place in the round robin until its
 //!   next turn and is idle only if still empty then: a tenant that comes back within a round
 //!   (a closed-loop client, say) waits its turn like everyone else.

@@ -17,7 +17,7 @@
 //! cluster's link implements it), so this stage imports nothing from `cluster`.
 //!
 //! Durability is Redis's: what Redis loses on a crash (without AOF `appendfsync always`, the
-//! last second or the writes since the last RDB snapshot) jobs lose too; see the README.
+//! last second or the writes since the last RDB snapshot) jobs lose too; see docs/jobs.md.
 
 pub mod scripts;
 #[cfg(test)]

@@ -1,0 +1,141 @@
+//! `/metrics` holds at many tenants with the default `[metrics]` settings: after 2,000 tenants
+//! each sent one request, the scrape is at most 5 lines per tenant (requests by status,
+//! estimated tokens, actual input and output tokens, admitted cost) plus at most
+//! `FIXED_LINES` that do not grow with tenants (HELP/TYPE, histograms by plan, the top tenants'
+//! gauges, process and GenAI families); histograms carry the plan cohort, not the tenant; the scrape-time gauges are
+//! written for the `top_tenants` with the most backlog only. And `GET /admin/state` stays bounded:
+//! its `top` rows whatever the number of tenants, sorted by who is furthest below their
+//! entitlement. Counts only, never wall time (the 10,000-tenant timings are in BENCHMARKS.md,
+//! `bench/tenants10k.sh`).
+
+use std::sync::Arc;
+
+use crate::support::*;
+use bytes::Bytes;
+use fairgate_mock::MockConfig;
+use http::Request;
+use http_body_util::Full;
+
+const TENANTS: usize = 2_000;
+const CONCURRENCY: usize = 16;
+
+fn config(base_url: &str, var: &str, tenants: usize) -> String {
+    let mut s = format!(
+        "[admin]\ntoken_env = \"{var}\"\n[plans.gold]\nweight = 2.0\n\
+         [[upstreams]]\nname = \"mock\"\nbase_url = \"{base_url}\"\nmax_concurrency = 64\n"
+    );
+    for i in 0..tenants {
+        let plan = if i % 2 == 0 { "plan = \"gold\"\n" } else { "" };
+        s += &format!("[[tenants]]\nid = \"t{i:05}\"\napi_keys = [\"key-{i:05}\"]\n{plan}");
+    }
+    s
+}
+
+fn body() -> String {
+    r#"{"model":"gpt-4o-mini","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}"#
+        .to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_stay_within_five_lines_per_tenant_at_two_thousand_tenants() {
+    // The families that do not grow with tenants (the top 100's four gauges are 400 of them).
+    const FIXED_LINES: usize = 1200;
+    let mock = mock_with(MockConfig::default()).await;
+    let var = unique_env("SCALE");
+    let token = "scale-token";
+    let proxy = proxy_with_env(&config(&mock.base_url(), &var, TENANTS), &[(&var, token)]).await;
+    let addr = proxy.addr;
+    // One request per tenant, CONCURRENCY at a time (bounded in count).
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut workers = Vec::new();
+    for _ in 0..CONCURRENCY {
+        let next = next.clone();
+        workers.push(tokio::spawn(async move {
+            let mut ok = 0usize;
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if i >= TENANTS {
+                    return ok;
+                }
+                let key = format!("key-{i:05}");
+                let r = send(post(addr, "/v1/chat/completions", Some(&key), &body(), &[])).await;
+                ok += usize::from(r.status == 200);
+            }
+        }));
+    }
+    let mut ok = 0;
+    for w in workers {
+        ok += w.await.unwrap();
+    }
+    assert_eq!(ok, TENANTS, "every tenant was served");
+
+    let text = scrape(addr).await;
+    let lines = text.lines().count();
+    assert!(
+        lines <= 5 * TENANTS + FIXED_LINES,
+        "/metrics has {lines} lines for {TENANTS} tenants (bound {})",
+        5 * TENANTS + FIXED_LINES
+    );
+    // Every tenant is still counted by id...
+    for i in [0, 777, TENANTS - 1] {
+        let labels = [("tenant", format!("t{i:05}")), ("status", "200".to_owned())];
+        let labels: Vec<(&str, &str)> = labels.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        assert_eq!(
+            value(&text, "fairgate_requests_total", &labels),
+            Some(1.0),
+            "t{i:05}"
+        );
+    }
+    // ...histograms by plan cohort only...
+    let gold = [("plan", "gold"), ("class", "interactive")];
+    let none = [("plan", "none"), ("class", "interactive")];
+    let waits = value(&text, "fairgate_queue_wait_seconds_count", &gold).unwrap()
+        + value(&text, "fairgate_queue_wait_seconds_count", &none).unwrap();
+    assert_eq!(waits, TENANTS as f64);
+    assert!(!text
+        .lines()
+        .any(|l| l.starts_with("fairgate_queue_wait_seconds") && l.contains("tenant=")));
+    // ...and the scrape-time gauges for the default top 100 only.
+    let depth = text
+        .lines()
+        .filter(|l| l.starts_with("fairgate_queue_depth{"))
+        .count();
+    assert_eq!(depth, 100);
+
+    // The console's read is bounded by `top`, whatever the number of tenants.
+    let get = |path: String| {
+        Request::get(format!("http://{addr}{path}"))
+            .header("authorization", format!("Bearer {token}"))
+            .body(Full::<Bytes>::default())
+            .unwrap()
+    };
+    let r = send(get("/admin/state?top=50&timeline=1".into())).await;
+    assert_eq!(r.status, 200);
+    let v = r.json();
+    assert_eq!(v["tenants_total"], TENANTS);
+    assert_eq!(v["tenants"].as_array().unwrap().len(), 50);
+    assert!(
+        r.body.len() < 64 * 1024,
+        "/admin/state?top=50 is {} bytes",
+        r.body.len()
+    );
+    let r = send(get("/admin/state?top=100000".into())).await;
+    assert_eq!(r.json()["tenants"].as_array().unwrap().len(), 500);
+    // Sorted by entitled − served share, largest first.
+    let rows = v["tenants"].as_array().unwrap();
+    let gap = |r: &serde_json::Value| {
+        r["entitled_share"].as_f64().unwrap() - r["served_share"].as_f64().unwrap()
+    };
+    assert!(rows.windows(2).all(|w| gap(&w[0]) >= gap(&w[1])));
+    // Search: a substring of the id.
+    let v = send(get("/admin/state?q=T0177".into())).await.json();
+    let found: Vec<&str> = v["tenants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["tenant"].as_str().unwrap())
+        .collect();
+    assert_eq!(found.len(), 10, "{found:?}");
+    assert!(found.iter().all(|t| t.starts_with("t0177")));
+    assert_eq!(v["matched"], 10);
+}
