@@ -101,6 +101,17 @@ impl std::fmt::Debug for PoolCapacity {
     }
 }
 
+/// The ejection rules of `[upstreams.health]`.
+pub fn rules(c: &crate::config::HealthConfig) -> Rules {
+    Rules {
+        consecutive_failures: c.consecutive_failures.max(1),
+        error_rate: c.error_rate,
+        error_window: c.error_window.clamp(1, 64),
+        eject: Duration::from_millis(c.eject_ms),
+        max_eject: Duration::from_millis(c.max_eject_ms.max(c.eject_ms)),
+    }
+}
+
 /// The endpoints of `cfg` as the balancer sees them.
 pub fn specs(cfg: &UpstreamConfig) -> Vec<Spec> {
     cfg.endpoints
@@ -130,7 +141,7 @@ impl PoolCapacity {
     /// A controller for `queue` over the endpoints of `cfg`.
     pub fn for_upstream(queue: Arc<FairQueue>, cfg: &UpstreamConfig, reserved: u32) -> Arc<Self> {
         let max = u32::try_from(cfg.max_concurrency).unwrap_or(u32::MAX);
-        let rules = Rules::from_config(&cfg.health);
+        let rules = rules(&cfg.health);
         Self::with_endpoints(queue, specs(cfg), max, rules, reserved)
     }
 
@@ -178,8 +189,7 @@ impl PoolCapacity {
     pub fn reconfigure(self: &Arc<Self>, cfg: &UpstreamConfig, reserved: u32) {
         let max = u32::try_from(cfg.max_concurrency).unwrap_or(u32::MAX);
         let mut st = self.lock();
-        st.balancer
-            .reconfigure(specs(cfg), max, Rules::from_config(&cfg.health));
+        st.balancer.reconfigure(specs(cfg), max, rules(&cfg.health));
         st.reserved = reserved;
         // Forces `apply` to push the capacity and batch share to the queue.
         st.applied = u32::MAX;

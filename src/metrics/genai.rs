@@ -82,7 +82,8 @@ impl GenAi {
             peers: config
                 .upstreams
                 .iter()
-                .map(|u| Peer::of_url(&u.base_url))
+                // The pool's first endpoint names its provider.
+                .map(|u| u.endpoints.first().and_then(|e| Peer::of_url(&e.base_url)))
                 .collect(),
             series: Mutex::default(),
         }

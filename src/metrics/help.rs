@@ -24,6 +24,26 @@ const COUNTERS: &[(&str, Option<Unit>, &str)] = &[
         "Requests whose upstream retries ran out (the last answer was passed on).",
     ),
     (
+        "fairgate_upstream_failovers_total",
+        None,
+        "Attempts sent on to another endpoint after one refused or failed them (not charged).",
+    ),
+    (
+        "fairgate_endpoint_ejections_total",
+        None,
+        "Times an endpoint was taken out of its pool (consecutive failures or error rate).",
+    ),
+    (
+        "fairgate_endpoint_failovers_total",
+        None,
+        "Requests an endpoint refused or failed that were sent on to another endpoint.",
+    ),
+    (
+        "fairgate_endpoint_overloads_total",
+        None,
+        "429 and 503 answers of an endpoint (its learned limit's feedback).",
+    ),
+    (
         "fairgate_untrusted_tenant_header_total",
         None,
         "Requests carrying the tenant header from outside [server] trusted_sources (ignored).",
@@ -73,6 +93,9 @@ const COUNTERS: &[(&str, Option<Unit>, &str)] = &[
 /// (family, unit, help) of the gauges.
 const GAUGES: &[(&str, Option<Unit>, &str)] = &[
     ("fairgate_upstream_limit", None, "The upstream pool's learned concurrency limit (lowered by the provider's 429s)."),
+    ("fairgate_endpoint_in_flight", None, "Requests on an endpoint's wire."),
+    ("fairgate_endpoint_limit", None, "An endpoint's learned concurrency limit (1 while it is probed)."),
+    ("fairgate_endpoint_state", None, "1 for the state an endpoint is in (in_service, paused, probing, ejected), 0 for the others."),
     ("fairgate_jain_index", None, "Jain's fairness index of the weighted service of backlogged tenants over the last 30 s, by pool."),
     ("fairgate_cluster_degraded", None, "1 while Redis is unreachable and the replica runs on its local allowance (cluster mode)."),
     ("fairgate_connections", None, "Client connections open, by state (active: a request in flight; idle)."),

@@ -28,6 +28,7 @@ mod cluster;
 mod connections;
 mod console;
 mod deploy;
+mod endpoints;
 mod errors;
 mod estimate;
 mod fair_queue;

@@ -176,3 +176,8 @@ async fn a_pool_of_endpoints_spreads_fails_over_and_waits_only_when_all_are_full
     assert_eq!(cap.effective(), 2);
     assert_eq!(cap.views()[other].state, "probing");
 }
+
+#[test]
+fn the_health_defaults_are_the_configs() {
+    assert_eq!(rules(&Default::default()), Rules::default());
+}

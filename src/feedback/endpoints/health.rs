@@ -13,8 +13,6 @@
 
 use std::time::Duration;
 
-use crate::config::HealthConfig;
-
 /// Where an endpoint stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum State {
@@ -42,22 +40,16 @@ pub struct Rules {
     pub max_eject: Duration,
 }
 
-impl Rules {
-    /// From the config table.
-    pub fn from_config(c: &HealthConfig) -> Self {
-        Self {
-            consecutive_failures: c.consecutive_failures.max(1),
-            error_rate: c.error_rate,
-            error_window: c.error_window.clamp(1, 64),
-            eject: Duration::from_millis(c.eject_ms),
-            max_eject: Duration::from_millis(c.max_eject_ms.max(c.eject_ms)),
-        }
-    }
-}
-
 impl Default for Rules {
+    /// `[upstreams.health]`'s defaults: 5 in a row, half of the last 20, 1 s doubling to 30 s.
     fn default() -> Self {
-        Self::from_config(&HealthConfig::default())
+        Self {
+            consecutive_failures: 5,
+            error_rate: 0.5,
+            error_window: 20,
+            eject: Duration::from_secs(1),
+            max_eject: Duration::from_secs(30),
+        }
     }
 }
 

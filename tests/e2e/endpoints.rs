@@ -3,17 +3,15 @@
 //! priorities, failover before any byte, Azure-style endpoints and tenant keys per endpoint —
 //! over raw HTTP and the official async-openai client.
 
-mod common;
-
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use crate::support::*;
 use async_openai::config::OpenAIConfig;
 use async_openai::types::chat::{
     ChatCompletionRequestUserMessageArgs, CreateChatCompletionRequestArgs,
 };
-use common::*;
-use fairgate::mock::{MockConfig, MockServer};
+use fairgate_mock::{MockConfig, MockServer};
 
 /// One `[[upstreams.endpoints]]` table.
 struct Ep<'a> {
