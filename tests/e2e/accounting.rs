@@ -168,7 +168,7 @@ fn accepts(accept: Option<&str>, coding: Option<&str>) -> bool {
 #[tokio::test]
 async fn every_shape_and_answer_is_reconciled_to_the_provider_or_a_stated_fallback() {
     let mock = mock_profile(Profile::Openai).await;
-    let proxy = proxy(&config(&mock.base_url(), "", "", "")).await;
+    let proxy = Conf::new(&mock.base_url()).start().await;
     let mut table = String::from(
         "| request shape, provider answer | estimated | reconciled | provider-reported | usage read |\n|---|---|---|---|---|\n",
     );
@@ -269,7 +269,7 @@ async fn every_shape_and_answer_is_reconciled_to_the_provider_or_a_stated_fallba
 #[tokio::test]
 async fn a_compressed_stream_reaches_the_client_event_by_event() {
     let mock = mock_profile(Profile::Openai).await;
-    let proxy = proxy(&config(&mock.base_url(), "", "", "")).await;
+    let proxy = Conf::new(&mock.base_url()).start().await;
     let body = chat(
         "acct-live",
         r#""stream":true,"stream_options":{"include_usage":true},"max_tokens":20,"#,
@@ -337,7 +337,7 @@ async fn every_provider_profile_is_reconciled_to_what_it_reported() {
         String::from("| profile | answer | reconciled | provider-reported |\n|---|---|---|---|\n");
     for profile in profiles {
         let mock = mock_profile(profile).await;
-        let proxy = proxy(&config(&mock.base_url(), "", "", "")).await;
+        let proxy = Conf::new(&mock.base_url()).start().await;
         let rows = [
             (
                 "JSON",

@@ -30,14 +30,15 @@ async fn admin_tenants_needs_the_token_and_shows_live_queues() {
     let var = unique_env("ADMIN");
     let token = "admin-token-xyzzy";
     let mock = mock_with(MockConfig::default()).await;
-    let toml = format!(
-        "[admin]\ntoken_env = \"{var}\"\n[[upstreams]]\nname = \"mock\"\n\
-         base_url = \"{}\"\nmax_concurrency = 1\n\
-         [[tenants]]\nid = \"flood\"\napi_keys = [\"key-flood\"]\nweight = 2.0\n\
-         [[tenants]]\nid = \"quiet\"\napi_keys = [\"key-quiet\"]\n",
-        mock.base_url()
-    );
-    let proxy = proxy_with_env(&toml, &[(&var, token)]).await;
+    let proxy = Conf::bare()
+        .set("admin.token_env", &var)
+        .add_upstream("mock", &mock.base_url())
+        .upstream("max_concurrency", 1)
+        .add_tenant("flood", "key-flood")
+        .tenant("flood", "weight", 2.0)
+        .add_tenant("quiet", "key-quiet")
+        .start_with_env(&[(&var, token)])
+        .await;
     let addr = proxy.addr;
     get(addr, "/admin/tenants", None)
         .await
@@ -107,11 +108,11 @@ async fn admin_tenants_needs_the_token_and_shows_live_queues() {
 async fn admin_listen_moves_metrics_and_admin_off_the_main_listener() {
     let var = unique_env("ADMIN_LISTEN");
     let mock = mock_with(MockConfig::default()).await;
-    let toml = format!(
-        "[admin]\nlisten = \"127.0.0.1:0\"\ntoken_env = \"{var}\"\n{}",
-        config(&mock.base_url(), "", "", "")
-    );
-    let proxy = proxy_with_env(&toml, &[(&var, "tok-listen")]).await;
+    let proxy = Conf::new(&mock.base_url())
+        .set("admin.listen", "127.0.0.1:0")
+        .set("admin.token_env", &var)
+        .start_with_env(&[(&var, "tok-listen")])
+        .await;
     let ops = proxy.admin_addr.expect("an operations listener");
     assert_ne!(ops, proxy.addr);
     let r = send(post(

@@ -98,20 +98,14 @@ async fn upstream_429_storm_is_absorbed_and_goodput_stays_near_capacity() {
         ..MockConfig::default()
     };
     let (storm_mock, base_mock) = (mock_with(provider()).await, mock_with(provider()).await);
-    let storm = proxy(&config(
-        &storm_mock.base_url(),
-        "",
-        "max_concurrency = 16",
-        "",
-    ))
-    .await;
-    let baseline = proxy(&config(
-        &base_mock.base_url(),
-        "",
-        "max_concurrency = 4",
-        "",
-    ))
-    .await;
+    let storm = Conf::new(&storm_mock.base_url())
+        .upstream("max_concurrency", 16)
+        .start()
+        .await;
+    let baseline = Conf::new(&base_mock.base_url())
+        .upstream("max_concurrency", 4)
+        .start()
+        .await;
     let start = Instant::now();
     let stop = Arc::new(AtomicBool::new(false));
     // Watch the learned limit: answers count as "late" once it has settled near K (and the
@@ -196,7 +190,10 @@ async fn upstream_429_storm_is_absorbed_and_goodput_stays_near_capacity() {
 #[tokio::test]
 async fn tenant_over_requests_per_minute_gets_an_honest_429_and_others_are_unaffected() {
     let mock = mock().await;
-    let p = proxy(&config(&mock.base_url(), "", "", "requests_per_minute = 2")).await;
+    let p = Conf::new(&mock.base_url())
+        .tenant("b", "requests_per_minute", 2)
+        .start()
+        .await;
     for left in ["1", "0"] {
         let r = chat_as(&p, KEY_B, &chat("gpt-4o-mini"), &[]).await;
         assert_eq!(r.status, 200);
@@ -228,13 +225,10 @@ async fn tenant_over_requests_per_minute_gets_an_honest_429_and_others_are_unaff
 #[tokio::test]
 async fn token_budget_exceeded_is_refused_by_the_tenant_limit() {
     let mock = mock().await;
-    let p = proxy(&config(
-        &mock.base_url(),
-        "",
-        "",
-        "tokens_per_minute = 1000",
-    ))
-    .await;
+    let p = Conf::new(&mock.base_url())
+        .tenant("b", "tokens_per_minute", 1000)
+        .start()
+        .await;
     let r = chat_as(&p, KEY_B, &chat_max(600), &[]).await;
     assert_eq!(r.status, 200);
     assert_eq!(header(&r, "x-ratelimit-limit-tokens"), Some("1000"));
@@ -271,7 +265,12 @@ async fn hold_the_only_slot(p: &Arc<ServerHandle>) -> tokio::task::JoinHandle<u1
 #[tokio::test]
 async fn deadlines_fail_fast_when_infeasible_and_expire_in_queue_with_504() {
     let mock = mock().await;
-    let p = Arc::new(proxy(&config(&mock.base_url(), "", "max_concurrency = 1", "")).await);
+    let p = Arc::new(
+        Conf::new(&mock.base_url())
+            .upstream("max_concurrency", 1)
+            .start()
+            .await,
+    );
     let blocker = hold_the_only_slot(&p).await;
     chat_as(
         &p,
@@ -338,13 +337,11 @@ async fn deadlines_fail_fast_when_infeasible_and_expire_in_queue_with_504() {
 #[tokio::test]
 async fn oversize_requests_are_refused_before_queueing() {
     let mock = mock().await;
-    let p = proxy(&config(
-        &mock.base_url(),
-        "",
-        "",
-        "max_input_tokens = 50\nmax_output_tokens = 100",
-    ))
-    .await;
+    let p = Conf::new(&mock.base_url())
+        .tenant("b", "max_input_tokens", 50)
+        .tenant("b", "max_output_tokens", 100)
+        .start()
+        .await;
     chat_as(&p, KEY_B, &chat_max(200), &[])
         .await
         .assert_error(400, "max_tokens_too_large");
@@ -403,16 +400,19 @@ fn assert_rate_headers(r: &Collected, what: &str) -> u64 {
 async fn every_response_of_a_limited_tenant_carries_its_rate_headers() {
     let mock = mock().await;
     let p = Arc::new(
-        proxy(&config(
-            &mock.base_url(),
-            "max_body_bytes = 4096\n[admission]\nmax_retries = 0",
-            "max_concurrency = 1",
+        Conf::new(&mock.base_url())
+            .server("max_body_bytes", 4096)
+            .set("admission.max_retries", 0)
+            .upstream("max_concurrency", 1)
             // Buckets of 100 requests and 100000 tokens that refill one request (token) a
             // minute: the counts below are exact.
-            "requests_per_minute = 1\ntokens_per_minute = 1\nburst = 100000.0\n\
-             max_output_tokens = 100\nmax_queued = 1",
-        ))
-        .await,
+            .tenant("b", "requests_per_minute", 1)
+            .tenant("b", "tokens_per_minute", 1)
+            .tenant("b", "burst", 100000.0)
+            .tenant("b", "max_output_tokens", 100)
+            .tenant("b", "max_queued", 1)
+            .start()
+            .await,
     );
     let ok = chat_as(&p, KEY_B, &chat("gpt-4o-mini"), &[]).await;
     assert_eq!(ok.status, 200);
@@ -483,13 +483,12 @@ fn num(r: &Collected, name: &str) -> u64 {
 async fn input_and_output_token_budgets_refuse_separately_and_are_reconciled() {
     let mock = mock().await;
     // Buckets of 1000 input and 1000 output tokens refilling one token a minute: exact counts.
-    let p = proxy(&config(
-        &mock.base_url(),
-        "",
-        "",
-        "input_tokens_per_minute = 1\noutput_tokens_per_minute = 1\nburst = 1000.0",
-    ))
-    .await;
+    let p = Conf::new(&mock.base_url())
+        .tenant("b", "input_tokens_per_minute", 1)
+        .tenant("b", "output_tokens_per_minute", 1)
+        .tenant("b", "burst", 1000.0)
+        .start()
+        .await;
     let out = |n: &'static str| [("x-mock-output-tokens", n)];
     let r = chat_as(&p, KEY_B, &chat_max(600), &out("600")).await;
     assert_eq!(r.status, 200);
@@ -552,14 +551,14 @@ const KEY_RECOVERY: &str = "fg-test-a-recovery";
 
 /// Interactive (tenant a) and batch (tenant b) at equal class shares, so any batch slowdown is
 /// the degraded pool's doing; `max_concurrency = 16`, one slot reserved for recovery keys.
-fn reserve_config(base_url: &str) -> String {
-    format!(
-        "[server]\nlisten = \"127.0.0.1:0\"\n\
-         [scheduler]\nreserved_slots = 1\n[scheduler.classes]\ninteractive = 1\nbatch = 1\n\
-         [[upstreams]]\nname = \"mock\"\nbase_url = \"{base_url}\"\nmax_concurrency = 16\n\
-         [[tenants]]\nid = \"a\"\napi_keys = [\"{KEY_A}\"]\nrecovery_api_keys = [\"{KEY_RECOVERY}\"]\n\
-         [[tenants]]\nid = \"b\"\napi_keys = [\"{KEY_B}\"]\npriority = \"batch\"\n"
-    )
+fn reserve_config(base_url: &str) -> Conf {
+    Conf::new(base_url)
+        .set("scheduler.reserved_slots", 1)
+        .set("scheduler.classes.interactive", 1)
+        .set("scheduler.classes.batch", 1)
+        .upstream("max_concurrency", 16)
+        .tenant("a", "recovery_api_keys", [KEY_RECOVERY])
+        .tenant("b", "priority", "batch")
 }
 
 /// 12 interactive and 12 batch clients loop against `proxy` until `stop`.
@@ -632,8 +631,8 @@ async fn under_a_429_storm_recovery_keeps_its_slot_and_batch_is_slowed_first() {
         ..MockConfig::default()
     })
     .await;
-    let storm = Arc::new(proxy(&reserve_config(&storm_mock.base_url())).await);
-    let baseline = proxy(&reserve_config(&base_mock.base_url())).await;
+    let storm = Arc::new(reserve_config(&storm_mock.base_url()).start().await);
+    let baseline = reserve_config(&base_mock.base_url()).start().await;
     let (settled, stop) = (
         Arc::new(AtomicBool::new(false)),
         Arc::new(AtomicBool::new(false)),
@@ -717,13 +716,12 @@ async fn a_429_that_outlasts_the_retries_is_passed_on_and_counted_as_exhausted()
         ..MockConfig::default()
     })
     .await;
-    let admission =
-        "[admission]\nmax_retries = 2\nretry_backoff_ms = 10\nretry_backoff_max_ms = 20\n";
-    let p = proxy(&format!(
-        "{admission}{}",
-        config(&mock.base_url(), "", "", "")
-    ))
-    .await;
+    let p = Conf::new(&mock.base_url())
+        .set("admission.max_retries", 2)
+        .set("admission.retry_backoff_ms", 10)
+        .set("admission.retry_backoff_max_ms", 20)
+        .start()
+        .await;
     let r = chat_as(&p, KEY_A, &chat("gpt-4o-mini"), &[("x-mock-status", "429")]).await;
     r.assert_error(429, "rate_limit_exceeded");
     assert_eq!(header(&r, "x-fairgate-limit"), Some("upstream"));
@@ -762,14 +760,14 @@ async fn a_retry_that_then_succeeds_is_served_and_charged_to_its_tenant() {
         ..MockConfig::default()
     })
     .await;
-    let admission =
-        "[admission]\nmax_retries = 5\nretry_backoff_ms = 20\nretry_backoff_max_ms = 50\n";
     let p = Arc::new(
-        proxy(&format!(
-            "{admission}{}",
-            config(&mock.base_url(), "", "max_concurrency = 2", "")
-        ))
-        .await,
+        Conf::new(&mock.base_url())
+            .upstream("max_concurrency", 2)
+            .set("admission.max_retries", 5)
+            .set("admission.retry_backoff_ms", 20)
+            .set("admission.retry_backoff_max_ms", 50)
+            .start()
+            .await,
     );
     // b alone, no retry: the control.
     assert_eq!(

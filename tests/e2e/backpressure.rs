@@ -28,12 +28,14 @@ async fn every_profile_overload_is_absorbed_by_retries_and_the_learned_limit() {
             ..MockConfig::default()
         })
         .await;
-        let admission = "[admission]\nmax_retries = 8\nretry_backoff_ms = 20\nretry_backoff_max_ms = 200\nmax_retry_wait_ms = 10000\n";
-        let proxy = proxy(&format!(
-            "{admission}{}",
-            config(&mock.base_url(), "", "max_concurrency = 4", "")
-        ))
-        .await;
+        let proxy = Conf::new(&mock.base_url())
+            .upstream("max_concurrency", 4)
+            .set("admission.max_retries", 8)
+            .set("admission.retry_backoff_ms", 20)
+            .set("admission.retry_backoff_max_ms", 200)
+            .set("admission.max_retry_wait_ms", 10000)
+            .start()
+            .await;
         let addr = proxy.addr;
         let clients: Vec<_> = (0..8)
             .map(|i| {

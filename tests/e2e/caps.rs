@@ -38,8 +38,10 @@ fn parse(res: &str) -> (u16, Value) {
 #[tokio::test]
 async fn every_output_cap_dodge_is_a_400_naming_its_field() {
     let mock = mock().await;
-    let toml = config(&mock.base_url(), "", "", "") + "[admission]\nmax_output_tokens = 4096\n";
-    let proxy = proxy(&toml).await;
+    let proxy = Conf::new(&mock.base_url())
+        .set("admission.max_output_tokens", 4096)
+        .start()
+        .await;
     let msgs = r#""messages":[{"role":"user","content":"hi"}]"#;
     for (dodge, param) in [
         (
@@ -140,7 +142,10 @@ fn complete(buf: &[u8]) -> bool {
 #[tokio::test]
 async fn a_client_streaming_an_oversized_body_reads_the_whole_413() {
     let mock = mock().await;
-    let proxy = proxy(&config(&mock.base_url(), "max_body_bytes = 1024", "", "")).await;
+    let proxy = Conf::new(&mock.base_url())
+        .server("max_body_bytes", 1024)
+        .start()
+        .await;
     // 8 MiB: far more than socket buffers hold, so the client is still sending when the 413
     // is written.
     let total = 8 << 20;

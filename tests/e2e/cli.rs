@@ -5,6 +5,8 @@ use std::process::Command;
 
 use fairgate::demo::{self, DemoArgs};
 
+use crate::support::Conf;
+
 #[test]
 fn simulate_prints_both_policies_as_json() {
     let out = Command::new(env!("CARGO_BIN_EXE_fairgate"))
@@ -104,13 +106,10 @@ fn check_loads_the_upstream_tls_files_serve_would_load() {
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("tls.toml");
     let write = |ca: &str| {
-        std::fs::write(
-            &path,
-            format!(
-                "[[upstreams]]\nname = \"u\"\nbase_url = \"https://127.0.0.1:9/v1\"\nca_file = \"{ca}\"\n"
-            ),
-        )
-        .unwrap()
+        let conf = Conf::bare()
+            .add_upstream("u", "https://127.0.0.1:9/v1")
+            .upstream("ca_file", ca);
+        std::fs::write(&path, conf.toml()).unwrap()
     };
     let check = || {
         Command::new(env!("CARGO_BIN_EXE_fairgate"))

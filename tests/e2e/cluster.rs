@@ -26,42 +26,29 @@ use crate::support::*;
 use fairgate::server::ServerHandle;
 use fairgate_mock::{MockConfig, MockServer};
 
-/// One replica's config: pool `mock` of `capacity` slots, tenants `(id, weight, extra)`.
-/// `timeout_ms` and `degrade_after_ms` are the defaults (100 ms, 1 s): the tests × three
-/// replicas share two cores, and a Redis call slower than the timeout must not put a replica in
-/// degraded mode (it once did, and its allowance came on top of the others' leases: 8 in
-/// flight for a limit of 6).
-fn replica_config(
-    redis: &Redis,
-    base_url: &str,
-    replica: usize,
-    capacity: usize,
-    quantum: u64,
-    tenants: &[(&str, f64, &str)],
-) -> String {
+/// Replica `i` (`replica_id = "rI"`) of a three-replica cluster on `redis`: pool `mock` at
+/// `base_url` of `capacity` slots, quantum 1024, leases of 1.5 s, a sync every 50 ms; no tenants
+/// yet (add them with keys `key-ID`). `timeout_ms` and `degrade_after_ms` are the defaults
+/// (100 ms, 1 s): the tests × three replicas share two cores, and a Redis call slower than the
+/// timeout must not put a replica in degraded mode (it once did, and its allowance came on top
+/// of the others' leases: 8 in flight for a limit of 6).
+fn replica(redis: &Redis, base_url: &str, i: usize, capacity: usize) -> Conf {
     // One connection worker per replica: the replicas of a test (and the tests of this binary)
     // share two cores, and the lease and sync rounds run on the test's runtime.
-    let mut s = format!(
-        "[server]\nworkers = 1\n[scheduler]\nquantum = {quantum}\n\
-         [[upstreams]]\nname = \"mock\"\nbase_url = \"{base_url}\"\nmax_concurrency = {capacity}\n"
-    );
-    for (id, w, extra) in tenants {
-        s += &format!(
-            "[[tenants]]\nid = \"{id}\"\napi_keys = [\"key-{id}\"]\nweight = {w}\n{extra}\n"
-        );
-    }
-    s += &format!(
-        "[cluster]\nredis_url = \"{}\"\nlease_ttl_ms = 1500\nexpected_replicas = 3\n\
-         sync_interval_ms = 50\nreplica_id = \"r{replica}\"\n",
-        redis.url()
-    );
-    s
+    Conf::pool(base_url, capacity)
+        .server("workers", 1)
+        .set("scheduler.quantum", 1024)
+        .set("cluster.redis_url", redis.url())
+        .set("cluster.lease_ttl_ms", 1500)
+        .set("cluster.expected_replicas", 3)
+        .set("cluster.sync_interval_ms", 50)
+        .set("cluster.replica_id", format!("r{i}"))
 }
 
-async fn replicas(toml: impl Fn(usize) -> String) -> Vec<ServerHandle> {
+async fn replicas(conf: impl Fn(usize) -> Conf) -> Vec<ServerHandle> {
     let mut v = Vec::new();
     for i in 0..3 {
-        v.push(proxy(&toml(i)).await);
+        v.push(conf(i).start().await);
     }
     v
 }

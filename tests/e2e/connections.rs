@@ -11,7 +11,7 @@ use std::io::Read as _;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use crate::support::{chat, config, mock, mock_with, proxy, KEY_A, KEY_B};
+use crate::support::{chat, mock, mock_with, Conf, KEY_A, KEY_B};
 use bytes::Bytes;
 use fairgate_mock::MockConfig;
 use http_body_util::Empty;
@@ -77,13 +77,10 @@ const OTHER: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 0, 2));
 #[tokio::test]
 async fn a_stalled_body_is_answered_408_in_openai_shape_and_the_connection_closed() {
     let mock = mock().await;
-    let p = proxy(&config(
-        &mock.base_url(),
-        "client_body_timeout_ms = 200",
-        "",
-        "",
-    ))
-    .await;
+    let p = Conf::new(&mock.base_url())
+        .server("client_body_timeout_ms", 200)
+        .start()
+        .await;
     let mut s = TcpStream::connect(p.addr).await.unwrap();
     let head = format!(
         "POST /v1/chat/completions HTTP/1.1\r\nhost: fairgate\r\nauthorization: Bearer {KEY_A}\r\n\
@@ -128,13 +125,10 @@ async fn idle_connections_are_closed_but_busy_ones_are_not() {
         ..MockConfig::default()
     })
     .await;
-    let p = proxy(&config(
-        &mock.base_url(),
-        "keepalive_timeout_ms = 200",
-        "",
-        "",
-    ))
-    .await;
+    let p = Conf::new(&mock.base_url())
+        .server("keepalive_timeout_ms", 200)
+        .start()
+        .await;
 
     // A connection that never sends a byte.
     let mut silent = TcpStream::connect(p.addr).await.unwrap();
@@ -181,13 +175,11 @@ async fn the_per_ip_cap_refuses_the_excess_while_another_client_is_served() {
     let mock = mock().await;
     // One connection worker: one accept queue, so connections are accepted in the order they
     // were made (with several, another worker may accept the fourth before the third).
-    let p = proxy(&config(
-        &mock.base_url(),
-        "workers = 1\nmax_connections_per_ip = 3",
-        "",
-        "",
-    ))
-    .await;
+    let p = Conf::new(&mock.base_url())
+        .server("workers", 1)
+        .server("max_connections_per_ip", 3)
+        .start()
+        .await;
     let mut held = Vec::new();
     for _ in 0..3 {
         held.push(connect_from(HOME, p.addr).await);

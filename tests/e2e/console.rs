@@ -27,16 +27,17 @@ use serde_json::json;
 
 const SMALL: [&str; 4] = ["small-1", "small-2", "small-3", "small-4"];
 
-fn config(base_url: &str, var: &str) -> String {
-    let mut s = format!(
-        "[admin]\ntoken_env = \"{var}\"\n[scheduler]\nquantum = 64\n[[upstreams]]\nname = \"mock\"\n\
-         base_url = \"{base_url}\"\nmax_concurrency = 2\n\
-         [[tenants]]\nid = \"flood\"\napi_keys = [\"key-flood\"]\n"
-    );
-    for t in SMALL {
-        s += &format!("[[tenants]]\nid = \"{t}\"\napi_keys = [\"key-{t}\"]\n");
-    }
-    s
+/// The admin API on (token in `var`), pool `mock` of two, tenant `flood` and the [`SMALL`] ones.
+fn config(base_url: &str, var: &str) -> Conf {
+    let conf = Conf::bare()
+        .set("admin.token_env", var)
+        .set("scheduler.quantum", 64)
+        .add_upstream("mock", base_url)
+        .upstream("max_concurrency", 2)
+        .add_tenant("flood", "key-flood");
+    SMALL
+        .iter()
+        .fold(conf, |c, t| c.add_tenant(t, &format!("key-{t}")))
 }
 
 fn body() -> String {
@@ -92,7 +93,9 @@ async fn start() -> (
     .await;
     let var = unique_env("CONSOLE");
     let token = format!("console-{}", rand::random::<u64>());
-    let proxy = proxy_with_env(&config(&mock.base_url(), &var), &[(&var, &token)]).await;
+    let proxy = config(&mock.base_url(), &var)
+        .start_with_env(&[(&var, &token)])
+        .await;
     (mock, proxy, token)
 }
 
@@ -172,7 +175,7 @@ async fn the_timeline_is_sampled_while_nobody_reads() {
 #[tokio::test]
 async fn the_page_is_served_only_while_the_admin_api_is_on() {
     let mock = mock().await;
-    let proxy = proxy(&crate::support::config(&mock.base_url(), "", "", "")).await;
+    let proxy = Conf::new(&mock.base_url()).start().await;
     get(proxy.addr, "/admin/ui", None)
         .await
         .assert_error(404, "not_found");

@@ -29,8 +29,10 @@ async fn unknown_and_missing_key_are_401() {
 #[tokio::test]
 async fn sidecar_header_names_the_tenant() {
     let mock = mock().await;
-    let toml = config(&mock.base_url(), "tenant_header = \"x-tenant-id\"", "", "");
-    let proxy = proxy(&toml).await;
+    let proxy = Conf::new(&mock.base_url())
+        .server("tenant_header", "x-tenant-id")
+        .start()
+        .await;
     let ok = send(post(
         proxy.addr,
         "/v1/chat/completions",
@@ -72,8 +74,11 @@ async fn sidecar_header_names_the_tenant() {
 #[tokio::test]
 async fn sidecar_header_from_an_untrusted_peer_is_ignored_and_counted() {
     let mock = mock().await;
-    let server = "tenant_header = \"x-tenant-id\"\ntrusted_sources = [\"10.0.0.0/8\"]";
-    let proxy = proxy(&config(&mock.base_url(), server, "", "")).await;
+    let proxy = Conf::new(&mock.base_url())
+        .server("tenant_header", "x-tenant-id")
+        .server("trusted_sources", ["10.0.0.0/8"])
+        .start()
+        .await;
     let claim = [("x-tenant-id", "b")];
     let r = send(post(
         proxy.addr,
@@ -157,8 +162,10 @@ async fn bad_bodies_are_rejected() {
 #[tokio::test]
 async fn oversize_bodies_are_413() {
     let mock = mock().await;
-    let toml = config(&mock.base_url(), "max_body_bytes = 1024", "", "");
-    let proxy = proxy(&toml).await;
+    let proxy = Conf::new(&mock.base_url())
+        .server("max_body_bytes", 1024)
+        .start()
+        .await;
     // Declared too large: answered without the body ever being sent.
     let head = format!(
         "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nconnection: close\r\nauthorization: Bearer {KEY_A}\r\n\
@@ -182,8 +189,10 @@ async fn oversize_bodies_are_413() {
 #[tokio::test]
 async fn unknown_model_and_path_are_404() {
     let mock = mock().await;
-    let toml = config(&mock.base_url(), "", "models = [\"gpt-*\"]", "");
-    let proxy = proxy(&toml).await;
+    let proxy = Conf::new(&mock.base_url())
+        .upstream("models", ["gpt-*"])
+        .start()
+        .await;
     let r = send(post(
         proxy.addr,
         "/v1/chat/completions",

@@ -15,16 +15,14 @@ const MODEL: &str = "gpt-4o-mini";
 
 /// One pool of one slot, tenants `a`, `b` and `z` (the blocker), weights 1 in and out so that
 /// served cost equals usage tokens.
-fn config(base_url: &str) -> String {
-    let mut s = format!(
-        "[scheduler]\nquantum = 1000\n\
-         [estimate]\ninput_weight = 1.0\noutput_weight = 1.0\n\
-         [[upstreams]]\nname = \"mock\"\nbase_url = \"{base_url}\"\nmax_concurrency = 1\n"
-    );
-    for id in ["a", "b", "z"] {
-        s += &format!("[[tenants]]\nid = \"{id}\"\napi_keys = [\"key-{id}\"]\n");
-    }
-    s
+fn config(base_url: &str) -> Conf {
+    Conf::bare()
+        .set("scheduler.quantum", 1000)
+        .set("estimate.input_weight", 1.0)
+        .set("estimate.output_weight", 1.0)
+        .add_upstream("mock", base_url)
+        .upstream("max_concurrency", 1)
+        .add_tenants(&["a", "b", "z"])
 }
 
 /// A chat body whose prompt the mock (text bytes / 4 = 21) and tiktoken (3 + 1 + 14 + 3 = 21)
@@ -143,7 +141,7 @@ fn assert_equal_tokens(a: (u64, usize), b: (u64, usize)) {
 #[tokio::test]
 async fn cost_variance_is_served_in_equal_tokens_not_requests() {
     let mock = mock_with(MockConfig::default()).await;
-    let proxy = proxy(&config(&mock.base_url())).await;
+    let proxy = config(&mock.base_url()).start().await;
     let (n_a, n_b) = (20, 400);
     let order = backlog(
         &proxy,
@@ -158,7 +156,7 @@ async fn cost_variance_is_served_in_equal_tokens_not_requests() {
 #[tokio::test]
 async fn chronic_under_estimates_are_served_equal_tokens_once_learned() {
     let mock = mock_with(MockConfig::default()).await;
-    let proxy = proxy(&config(&mock.base_url())).await;
+    let proxy = config(&mock.base_url()).start().await;
     // History: neither sends max_tokens; a's outputs are 20× b's.
     for _ in 0..3 {
         request(&proxy, "a", &chat_body(None), "1000").await;
@@ -189,7 +187,7 @@ const STREAM: &str = r#"{"model":"gpt-4o-mini","stream":true,"max_tokens":5,"mes
 #[tokio::test]
 async fn a_stream_without_include_usage_sees_no_usage_but_upstream_was_asked() {
     let mock = mock().await;
-    let proxy = proxy(&config(&mock.base_url())).await;
+    let proxy = config(&mock.base_url()).start().await;
     let r = send(post(
         proxy.addr,
         "/v1/chat/completions",
@@ -235,7 +233,7 @@ async fn a_stream_without_include_usage_sees_no_usage_but_upstream_was_asked() {
 #[tokio::test]
 async fn an_aborted_stream_is_still_reconciled() {
     let mock = mock().await;
-    let proxy = proxy(&config(&mock.base_url())).await;
+    let proxy = config(&mock.base_url()).start().await;
     let body = STREAM.replace(r#""max_tokens":5"#, r#""max_tokens":50"#);
     let res = client()
         .request(post(

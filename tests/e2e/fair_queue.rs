@@ -10,24 +10,6 @@ use crate::support::*;
 use fairgate::server::ServerHandle;
 use fairgate_mock::MockConfig;
 
-/// A config with one pool of `capacity` slots and the given tenants `(id, weight)`.
-fn fq_config(
-    base_url: &str,
-    policy: &str,
-    capacity: usize,
-    quantum: u64,
-    tenants: &[(&str, f64)],
-) -> String {
-    let mut s = format!(
-        "[scheduler]\npolicy = \"{policy}\"\nquantum = {quantum}\n\
-         [[upstreams]]\nname = \"mock\"\nbase_url = \"{base_url}\"\nmax_concurrency = {capacity}\n"
-    );
-    for (id, w) in tenants {
-        s += &format!("[[tenants]]\nid = \"{id}\"\napi_keys = [\"key-{id}\"]\nweight = {w}\n");
-    }
-    s
-}
-
 fn body(max_tokens: u32) -> String {
     format!(
         r#"{{"model":"gpt-4o-mini","max_tokens":{max_tokens},"messages":[{{"role":"user","content":"hi"}}]}}"#
@@ -47,14 +29,12 @@ async fn flood_then_small(policy: &str) -> (usize, u64) {
         ..MockConfig::default()
     })
     .await;
-    let toml = fq_config(
-        &mock.base_url(),
-        policy,
-        2,
-        4096,
-        &[("a", 1.0), ("small", 1.0)],
-    );
-    let proxy = proxy(&toml).await;
+    let proxy = Conf::pool(&mock.base_url(), 2)
+        .set("scheduler.policy", policy)
+        .set("scheduler.quantum", 4096)
+        .add_tenants(&["a", "small"])
+        .start()
+        .await;
     let done = Arc::new(AtomicUsize::new(0));
     let mut flood = Vec::new();
     for _ in 0..30 {
@@ -119,14 +99,13 @@ async fn weights_three_to_one_are_served_three_to_one() {
     let mock = mock_with(MockConfig::default()).await;
     // Equal-cost requests (~120 tokens) and a quantum of 200: weight 3 dispatches ~3 per visit,
     // weight 1 one; capacity 1 makes completion order the dispatch order.
-    let toml = fq_config(
-        &mock.base_url(),
-        "drr",
-        1,
-        200,
-        &[("heavy", 3.0), ("light", 1.0), ("z", 1.0)],
-    );
-    let proxy = proxy(&toml).await;
+    let proxy = Conf::pool(&mock.base_url(), 1)
+        .set("scheduler.policy", "drr")
+        .set("scheduler.quantum", 200)
+        .add_tenants(&["heavy", "light", "z"])
+        .tenant("heavy", "weight", 3.0)
+        .start()
+        .await;
     // Hold the only slot while everything queues up.
     let blocker = {
         let addr = proxy.addr;
@@ -180,8 +159,12 @@ async fn cancellation_at_every_stage_leaks_no_permit() {
         ..MockConfig::default()
     })
     .await;
-    let toml = fq_config(&mock.base_url(), "drr", 1, 4096, &[("a", 1.0), ("b", 1.0)]);
-    let proxy = proxy(&toml).await;
+    let proxy = Conf::pool(&mock.base_url(), 1)
+        .set("scheduler.policy", "drr")
+        .set("scheduler.quantum", 4096)
+        .add_tenants(&["a", "b"])
+        .start()
+        .await;
     let addr = proxy.addr;
     // One long request holds the slot; five more queue behind it and are abandoned.
     let holder = tokio::spawn(async move {
@@ -260,11 +243,13 @@ async fn cancellation_at_every_stage_leaks_no_permit() {
 #[tokio::test]
 async fn a_full_tenant_queue_gets_429_with_retry_after() {
     let mock = mock_with(MockConfig::default()).await;
-    let toml = format!(
-        "{}max_queued = 2\n",
-        fq_config(&mock.base_url(), "drr", 1, 4096, &[("a", 1.0)])
-    );
-    let proxy = proxy(&toml).await;
+    let proxy = Conf::pool(&mock.base_url(), 1)
+        .set("scheduler.policy", "drr")
+        .set("scheduler.quantum", 4096)
+        .add_tenants(&["a"])
+        .tenant("a", "max_queued", 2)
+        .start()
+        .await;
     let addr = proxy.addr;
     let slow = [("x-mock-delay-ms", "300")];
     let mut held = Vec::new();
@@ -305,12 +290,11 @@ async fn a_full_tenant_queue_gets_429_with_retry_after() {
 async fn a_tenant_concurrency_slot_is_held_until_its_stream_ends() {
     use http_body_util::BodyExt;
     let mock = mock().await;
-    let toml = format!(
-        "[[upstreams]]\nname = \"mock\"\nbase_url = \"{}\"\nmax_concurrency = 4\n\
-         [[tenants]]\nid = \"a\"\napi_keys = [\"key-a\"]\nmax_concurrency = 1\n",
-        mock.base_url()
-    );
-    let proxy = proxy(&toml).await;
+    let proxy = Conf::pool(&mock.base_url(), 4)
+        .add_tenants(&["a"])
+        .tenant("a", "max_concurrency", 1)
+        .start()
+        .await;
     let a = fairgate::domain::TenantId::new("a");
     // A stream of 40 tokens, 25 ms apart: its head arrives at once, its end a second later.
     let stream = r#"{"model":"gpt-4o-mini","max_tokens":40,"stream":true,"messages":[{"role":"user","content":"hi"}]}"#;

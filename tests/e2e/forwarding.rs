@@ -10,13 +10,10 @@ use http_body_util::BodyExt;
 async fn tenant_key_never_goes_upstream_and_upstream_key_does() {
     let mock = mock().await;
     let var = unique_env("UP");
-    let toml = config(
-        &mock.base_url(),
-        "",
-        &format!("api_key_env = \"{var}\""),
-        "",
-    );
-    let proxy = proxy_with_env(&toml, &[(&var, "sk-upstream")]).await;
+    let proxy = Conf::new(&mock.base_url())
+        .upstream("api_key_env", &var)
+        .start_with_env(&[(&var, "sk-upstream")])
+        .await;
     let r = send(post(
         proxy.addr,
         "/v1/chat/completions",
@@ -59,13 +56,11 @@ async fn no_key_configured_sends_no_authorization() {
 async fn per_tenant_provider_key_is_used() {
     let mock = mock().await;
     let (up, own) = (unique_env("UP"), unique_env("OWN"));
-    let toml = config(
-        &mock.base_url(),
-        "",
-        &format!("api_key_env = \"{up}\""),
-        &format!("upstream_api_key_env = \"{own}\""),
-    );
-    let proxy = proxy_with_env(&toml, &[(&up, "sk-shared"), (&own, "sk-tenant-b")]).await;
+    let proxy = Conf::new(&mock.base_url())
+        .upstream("api_key_env", &up)
+        .tenant("b", "upstream_api_key_env", &own)
+        .start_with_env(&[(&up, "sk-shared"), (&own, "sk-tenant-b")])
+        .await;
     for key in [KEY_A, KEY_B] {
         let r = send(post(
             proxy.addr,
@@ -127,7 +122,7 @@ async fn upstream_down_is_502() {
     let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = dead.local_addr().unwrap();
     drop(dead);
-    let proxy = proxy(&config(&format!("http://{addr}/v1"), "", "", "")).await;
+    let proxy = Conf::new(&format!("http://{addr}/v1")).start().await;
     let r = send(post(
         proxy.addr,
         "/v1/chat/completions",
@@ -142,8 +137,10 @@ async fn upstream_down_is_502() {
 #[tokio::test]
 async fn upstream_too_slow_is_504() {
     let mock = mock().await;
-    let toml = config(&mock.base_url(), "", "first_byte_timeout_ms = 100", "");
-    let proxy = proxy(&toml).await;
+    let proxy = Conf::new(&mock.base_url())
+        .upstream("first_byte_timeout_ms", 100)
+        .start()
+        .await;
     let slow = [("x-mock-delay-ms", "5000")];
     let r = send(post(
         proxy.addr,
@@ -270,11 +267,10 @@ async fn h2c_prior_knowledge_is_served() {
 
 #[tokio::test]
 async fn missing_tls_files_stop_startup_naming_the_key() {
-    let toml = format!(
-        "{}\n[server.tls]\ncert = \"/nonexistent/cert.pem\"\nkey = \"/nonexistent/key.pem\"\n",
-        config("http://127.0.0.1:9/v1", "", "", "")
-    );
-    let config = fairgate::config::Config::from_toml_str(&toml).unwrap();
+    let config = Conf::new("http://127.0.0.1:9/v1")
+        .set("server.tls.cert", "/nonexistent/cert.pem")
+        .set("server.tls.key", "/nonexistent/key.pem")
+        .config();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let e = fairgate::server::start(config, listener).await.unwrap_err();
     assert!(e.to_string().starts_with("server.tls.cert"), "{e}");
@@ -283,8 +279,10 @@ async fn missing_tls_files_stop_startup_naming_the_key() {
 #[tokio::test]
 async fn silent_upstream_stream_is_cut_after_idle_timeout() {
     let mock = mock().await;
-    let toml = config(&mock.base_url(), "", "idle_timeout_ms = 100", "");
-    let proxy = proxy(&toml).await;
+    let proxy = Conf::new(&mock.base_url())
+        .upstream("idle_timeout_ms", 100)
+        .start()
+        .await;
     let h = [
         ("x-mock-output-tokens", "5"),
         ("x-mock-token-delay-ms", "5000"),
@@ -313,7 +311,7 @@ async fn every_response_carries_a_request_id() {
     let id = |r: &Collected| r.headers["x-request-id"].to_str().unwrap().to_owned();
     // Ideal mock (no ids of its own): generated, and the provider saw the same one.
     let mock = mock().await;
-    let proxy = proxy(&config(&mock.base_url(), "", "", "")).await;
+    let proxy = Conf::new(&mock.base_url()).start().await;
     let r = send(post(
         proxy.addr,
         "/v1/chat/completions",
@@ -354,7 +352,7 @@ async fn every_response_carries_a_request_id() {
     assert!(id(&r).starts_with("fg-"));
     // A provider that names its answers: the client sees the provider's id.
     let openai = mock_profile(Profile::Openai).await;
-    let named = crate::support::proxy(&config(&openai.base_url(), "", "", "")).await;
+    let named = crate::support::Conf::new(&openai.base_url()).start().await;
     let r = send(post(
         named.addr,
         "/v1/chat/completions",
@@ -370,13 +368,10 @@ async fn every_response_carries_a_request_id() {
 #[tokio::test]
 async fn client_headers_cannot_select_the_operators_account_unless_allowed() {
     let mock = mock().await;
-    let toml = config(
-        &mock.base_url(),
-        "",
-        "",
-        "forward_headers = [\"openai-project\"]",
-    );
-    let proxy = proxy(&toml).await;
+    let proxy = Conf::new(&mock.base_url())
+        .tenant("b", "forward_headers", ["openai-project"])
+        .start()
+        .await;
     let headers = [
         ("openai-organization", "org-operator"),
         ("openai-project", "proj-x"),

@@ -17,21 +17,9 @@ fn db() -> String {
         .to_string()
 }
 
-/// The default test config plus `[jobs]` at a fresh path and `jobs_extra` keys.
-fn jobs_config(base_url: &str, jobs_extra: &str, upstream: &str, tenant_b: &str) -> String {
-    format!(
-        "{}\n[jobs]\npath = \"{}\"\n{jobs_extra}\n",
-        config(base_url, "", upstream, tenant_b),
-        db()
-    )
-}
-
-/// fairgate in front of `mock` with `[jobs]` (and `jobs_extra`) on the default test config.
-async fn jobs_proxy(
-    mock: &fairgate_mock::MockServer,
-    jobs_extra: &str,
-) -> fairgate::server::ServerHandle {
-    proxy(&jobs_config(&mock.base_url(), jobs_extra, "", "")).await
+/// The default test config with `[jobs]` at a fresh SQLite path.
+fn jobs_config(base_url: &str) -> Conf {
+    Conf::new(base_url).set("jobs.path", db())
 }
 
 /// A chat of `gpt-4o-mini` as tenant `key` with `headers`, through fairgate at `addr`.
@@ -71,8 +59,10 @@ const ASYNC: (&str, &str) = ("prefer", "respond-async");
 #[tokio::test]
 async fn respond_async_answers_202_then_the_synchronous_answer_to_its_tenant_only() {
     let mock = mock().await;
-    let models = "models = [\"gpt-4o-mini\"]";
-    let proxy = proxy(&jobs_config(&mock.base_url(), "", models, "")).await;
+    let proxy = jobs_config(&mock.base_url())
+        .upstream("models", ["gpt-4o-mini"])
+        .start()
+        .await;
     let r = chat_as(proxy.addr, KEY_A, &[ASYNC]).await;
     assert_eq!(r.status, 202, "{}", String::from_utf8_lossy(&r.body));
     assert_eq!(r.headers["preference-applied"], "respond-async");
@@ -127,7 +117,7 @@ async fn respond_async_answers_202_then_the_synchronous_answer_to_its_tenant_onl
 #[tokio::test]
 async fn stream_with_respond_async_is_a_400_that_says_why() {
     let mock = mock().await;
-    let proxy = jobs_proxy(&mock, "").await;
+    let proxy = jobs_config(&mock.base_url()).start().await;
     let body = r#"{"model":"gpt-4o-mini","stream":true,"messages":[]}"#;
     let r = send(post(
         proxy.addr,
@@ -157,7 +147,10 @@ async fn without_jobs_configured_respond_async_is_ignored() {
 #[tokio::test]
 async fn a_tenant_never_has_more_than_max_inflight_jobs_in_the_stack_and_delete_cancels() {
     let mock = mock_slow(40).await;
-    let proxy = jobs_proxy(&mock, "max_inflight_per_tenant = 2").await;
+    let proxy = jobs_config(&mock.base_url())
+        .set("jobs.max_inflight_per_tenant", 2)
+        .start()
+        .await;
     let mut locations = Vec::new();
     for _ in 0..8 {
         let r = chat_as(proxy.addr, KEY_A, &[ASYNC]).await;
@@ -189,13 +182,11 @@ async fn a_tenant_never_has_more_than_max_inflight_jobs_in_the_stack_and_delete_
 #[tokio::test]
 async fn a_full_queue_becomes_a_job_with_respond_async_and_stays_a_429_without() {
     let mock = mock_slow(300).await;
-    let proxy = proxy(&jobs_config(
-        &mock.base_url(),
-        "",
-        "max_concurrency = 1",
-        "max_queued = 1",
-    ))
-    .await;
+    let proxy = jobs_config(&mock.base_url())
+        .upstream("max_concurrency", 1)
+        .tenant("b", "max_queued", 1)
+        .start()
+        .await;
     let addr = proxy.addr;
     // Tenant b fills its one queue slot behind a request in flight.
     let first = tokio::spawn(send(post(
@@ -234,7 +225,10 @@ async fn a_full_queue_becomes_a_job_with_respond_async_and_stays_a_429_without()
 #[tokio::test]
 async fn queued_jobs_beyond_the_tenant_limit_are_a_429_tenant() {
     let mock = mock_slow(200).await;
-    let proxy = jobs_proxy(&mock, "max_queued_jobs_per_tenant = 2").await;
+    let proxy = jobs_config(&mock.base_url())
+        .set("jobs.max_queued_jobs_per_tenant", 2)
+        .start()
+        .await;
     for _ in 0..2 {
         let r = chat_as(proxy.addr, KEY_A, &[ASYNC]).await;
         assert_eq!(r.status, 202);
@@ -304,7 +298,7 @@ mod batch_api {
     #[tokio::test]
     async fn files_and_batches_work_through_the_official_client() {
         let mock = mock().await;
-        let proxy = jobs_proxy(&mock, "").await;
+        let proxy = jobs_config(&mock.base_url()).start().await;
         let a = openai(proxy.addr, KEY_A);
         let file = upload(&a, input(20)).await;
         assert_eq!(
@@ -384,7 +378,7 @@ mod batch_api {
     #[tokio::test]
     async fn a_bad_line_fails_the_batch_naming_the_line_and_nothing_runs() {
         let mock = mock().await;
-        let proxy = jobs_proxy(&mock, "").await;
+        let proxy = jobs_config(&mock.base_url()).start().await;
         let a = openai(proxy.addr, KEY_A);
         let mut content = input(3);
         content.extend_from_slice(b"{\"custom_id\":\"x\",\"method\":\"GET\",\"url\":\"/v1/chat/completions\",\"body\":{\"model\":\"m\"}}\n");
@@ -405,7 +399,7 @@ mod batch_api {
     #[tokio::test]
     async fn files_are_listed_per_tenant_newest_first() {
         let mock = mock().await;
-        let proxy = jobs_proxy(&mock, "").await;
+        let proxy = jobs_config(&mock.base_url()).start().await;
         let (a, b) = (openai(proxy.addr, KEY_A), openai(proxy.addr, KEY_B));
         let mut mine = Vec::new();
         for n in 1..=3 {
@@ -459,7 +453,10 @@ mod batch_api {
         String,
     ) {
         let mock = mock_slow(ms).await;
-        let proxy = jobs_proxy(&mock, "max_inflight_per_tenant = 1").await;
+        let proxy = jobs_config(&mock.base_url())
+            .set("jobs.max_inflight_per_tenant", 1)
+            .start()
+            .await;
         let a = openai(proxy.addr, KEY_A);
         let file = upload(&a, input(lines)).await;
         (mock, proxy, a, file)
@@ -575,7 +572,10 @@ mod batch_api {
 #[tokio::test]
 async fn stored_bytes_beyond_the_tenant_limit_are_a_429_tenant() {
     let mock = mock().await;
-    let proxy = jobs_proxy(&mock, "max_stored_bytes_per_tenant = 300").await;
+    let proxy = jobs_config(&mock.base_url())
+        .set("jobs.max_stored_bytes_per_tenant", 300)
+        .start()
+        .await;
     let upload = |key: &str, content: &str| {
         let body = format!(
             "--B\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n--B\r\n\

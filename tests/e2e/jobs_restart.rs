@@ -8,7 +8,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::support::{chat, config, mock_with, KEY_A};
+use crate::support::{chat, mock_with, Conf, KEY_A};
 use async_openai::config::OpenAIConfig;
 use async_openai::types::batches::{
     BatchCompletionWindow, BatchEndpoint, BatchRequest, BatchStatus,
@@ -164,13 +164,12 @@ async fn a_batch_survives_kill_9_and_its_output_holds_every_custom_id_once() {
     let dir = std::env::temp_dir().join(format!("fg-restart-{:x}", rand::random::<u64>()));
     std::fs::create_dir_all(&dir).unwrap();
     let db = dir.join("jobs.sqlite");
-    let toml = format!(
-        "{}\n[jobs]\npath = \"{}\"\nmax_inflight_per_tenant = {INFLIGHT}\n",
-        config(&mock.base_url(), "workers = 1", "", ""),
-        db.display()
-    );
+    let conf = Conf::new(&mock.base_url())
+        .server("workers", 1)
+        .set("jobs.path", db.display().to_string())
+        .set("jobs.max_inflight_per_tenant", INFLIGHT);
     let path = dir.join("fairgate.toml");
-    std::fs::write(&path, toml).unwrap();
+    std::fs::write(&path, conf.toml()).unwrap();
 
     let (mut first, addr) = spawn(&path);
     let batch = submit(&openai(addr)).await;
@@ -202,13 +201,13 @@ async fn a_replica_killed_mid_batch_has_its_lines_reclaimed_by_another() {
     std::fs::create_dir_all(&dir).unwrap();
     let replica = |name: &str| {
         let path = dir.join(format!("{name}.toml"));
-        let toml = format!(
-            "{}\n[cluster]\nredis_url = \"{}\"\nreplica_id = \"{name}\"\n\
-             [jobs]\nmax_inflight_per_tenant = {INFLIGHT}\nlease_ms = 500\n",
-            config(&mock.base_url(), "workers = 1", "", ""),
-            redis.url()
-        );
-        std::fs::write(&path, toml).unwrap();
+        let conf = Conf::new(&mock.base_url())
+            .server("workers", 1)
+            .set("cluster.redis_url", redis.url())
+            .set("cluster.replica_id", name)
+            .set("jobs.max_inflight_per_tenant", INFLIGHT)
+            .set("jobs.lease_ms", 500);
+        std::fs::write(&path, conf.toml()).unwrap();
         path
     };
     let (mut a, addr_a) = spawn(&replica("a"));

@@ -70,22 +70,16 @@ async fn an_exhausted_tenant_key_pauses_only_its_tenant_and_never_the_pool() {
         ..MockConfig::default()
     };
     // `PATH` is set in every test process: b's own provider key is its value (no set_var).
-    let own_key = "upstream_api_key_env = \"PATH\"";
+    let config = |base_url: &str| {
+        Conf::new(base_url).upstream("max_concurrency", 4).tenant(
+            "b",
+            "upstream_api_key_env",
+            "PATH",
+        )
+    };
     let (attacked_mock, alone_mock) = (mock_with(provider()).await, mock_with(provider()).await);
-    let attacked = proxy(&config(
-        &attacked_mock.base_url(),
-        "",
-        "max_concurrency = 4",
-        own_key,
-    ))
-    .await;
-    let alone = proxy(&config(
-        &alone_mock.base_url(),
-        "",
-        "max_concurrency = 4",
-        own_key,
-    ))
-    .await;
+    let attacked = config(&attacked_mock.base_url()).start().await;
+    let alone = config(&alone_mock.base_url()).start().await;
     let stop = Arc::new(AtomicBool::new(false));
     let timer = {
         let stop = stop.clone();
@@ -153,7 +147,7 @@ async fn a_retry_never_waits_past_max_retry_wait_ms_holding_its_slot() {
     .await;
     let exhausted = [("x-mock-status", "429")];
     let body = chat("gpt-4o-mini");
-    let p = proxy(&config(&long.base_url(), "", "", "")).await;
+    let p = Conf::new(&long.base_url()).start().await;
     let r = send(post(
         p.addr,
         "/v1/chat/completions",
@@ -169,7 +163,7 @@ async fn a_retry_never_waits_past_max_retry_wait_ms_holding_its_slot() {
         1,
         "no retry waits 10 s in a pool slot"
     );
-    let p = proxy(&config(&short.base_url(), "", "", "")).await;
+    let p = Conf::new(&short.base_url()).start().await;
     let r = send(post(
         p.addr,
         "/v1/chat/completions",

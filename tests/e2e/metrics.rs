@@ -9,18 +9,6 @@ use std::sync::{Arc, Mutex};
 use crate::support::*;
 use fairgate_mock::MockConfig;
 
-/// One pool of `capacity` slots; tenants `(id, extra lines)`; `extra` appended at the top.
-fn cfg(base_url: &str, capacity: usize, extra: &str, tenants: &[(&str, &str)]) -> String {
-    let mut s = format!(
-        "{extra}\n[[upstreams]]\nname = \"mock\"\nbase_url = \"{base_url}\"\n\
-         max_concurrency = {capacity}\n"
-    );
-    for (id, more) in tenants {
-        s += &format!("[[tenants]]\nid = \"{id}\"\napi_keys = [\"key-{id}\"]\n{more}\n");
-    }
-    s
-}
-
 fn body(content: &str) -> String {
     format!(
         r#"{{"model":"gpt-4o-mini","max_tokens":5,"messages":[{{"role":"user","content":"{content}"}}]}}"#
@@ -31,13 +19,12 @@ fn body(content: &str) -> String {
 async fn flood_raises_queue_depth_and_counts_statuses_and_reasons() {
     let mock = mock_with(MockConfig::default()).await;
     // Histograms per tenant (the default is per plan: tests/metrics_scale.rs).
-    let toml = cfg(
-        &mock.base_url(),
-        1,
-        "[metrics]\nhistograms = \"tenant\"\n",
-        &[("flood", "max_queued = 3"), ("small", "")],
-    );
-    let proxy = proxy(&toml).await;
+    let proxy = Conf::pool(&mock.base_url(), 1)
+        .set("metrics.histograms", "tenant")
+        .add_tenants(&["flood", "small"])
+        .tenant("flood", "max_queued", 3)
+        .start()
+        .await;
     let addr = proxy.addr;
     let slow = [("x-mock-delay-ms", "300")];
     let mut held = Vec::new();
@@ -192,13 +179,11 @@ async fn flood_raises_queue_depth_and_counts_statuses_and_reasons() {
 #[tokio::test]
 async fn share_ratios_approach_one_under_contention() {
     let mock = mock_with(MockConfig::default()).await;
-    let toml = cfg(
-        &mock.base_url(),
-        1,
-        "[scheduler]\nquantum = 100\n",
-        &[("a", ""), ("b", ""), ("idle", "")],
-    );
-    let proxy = proxy(&toml).await;
+    let proxy = Conf::pool(&mock.base_url(), 1)
+        .set("scheduler.quantum", 100)
+        .add_tenants(&["a", "b", "idle"])
+        .start()
+        .await;
     let addr = proxy.addr;
     let slow = [("x-mock-delay-ms", "40")];
     let mut held = Vec::new();
@@ -236,17 +221,14 @@ async fn share_ratios_approach_one_under_contention() {
 #[tokio::test]
 async fn cohort_labels_replace_tenant_ids_when_per_tenant_labels_are_off() {
     let mock = mock_with(MockConfig::default()).await;
-    let toml = cfg(
-        &mock.base_url(),
-        4,
-        "[metrics]\nper_tenant_labels = false\n[plans.gold]\nweight = 2.0\n",
-        &[
-            ("a", "plan = \"gold\""),
-            ("b", "plan = \"gold\""),
-            ("c", ""),
-        ],
-    );
-    let proxy = proxy(&toml).await;
+    let proxy = Conf::pool(&mock.base_url(), 4)
+        .set("metrics.per_tenant_labels", false)
+        .set("plans.gold.weight", 2.0)
+        .add_tenants(&["a", "b", "c"])
+        .tenant("a", "plan", "gold")
+        .tenant("b", "plan", "gold")
+        .start()
+        .await;
     for key in ["key-a", "key-b", "key-c"] {
         let r = send(post(
             proxy.addr,
@@ -305,7 +287,11 @@ async fn one_json_log_line_per_request_without_key_or_prompt() {
     // dispatcher instead.
     let _second = tracing::Dispatch::new(tracing_subscriber::registry());
     let mock = mock_with(MockConfig::default()).await;
-    let proxy = proxy(&cfg(&mock.base_url(), 2, "", &[("a", "max_queued = 1")])).await;
+    let proxy = Conf::pool(&mock.base_url(), 2)
+        .add_tenants(&["a"])
+        .tenant("a", "max_queued", 1)
+        .start()
+        .await;
     let prompt = "the-secret-prompt-xyzzy";
     let r = send(post(
         proxy.addr,

@@ -8,7 +8,7 @@
 use std::process::Command;
 
 use crate::support::needs::PROMETHEUS_PARSER;
-use crate::support::{self as common, chat, post, send, KEY_A, KEY_B};
+use crate::support::{self as common, chat, post, send, Conf, KEY_A, KEY_B};
 
 /// Runs the parser on `text`: `Some(report)` on success, `None` when skipped.
 fn parse(text: &str) -> Option<String> {
@@ -90,9 +90,10 @@ async fn traffic(addr: std::net::SocketAddr) {
 #[tokio::test]
 async fn a_full_scrape_parses_with_help_and_type_on_every_family() {
     let mock = common::mock().await;
-    let otel = "[otel]\nendpoint = \"http://127.0.0.1:9\"\n";
-    let toml = format!("{}{otel}", common::config(&mock.base_url(), "", "", ""));
-    let proxy = common::proxy(&toml).await;
+    let proxy = Conf::new(&mock.base_url())
+        .set("otel.endpoint", "http://127.0.0.1:9")
+        .start()
+        .await;
     traffic(proxy.addr).await;
     let text = common::scrape(proxy.addr).await;
     let value = |name: &str, labels: &[(&str, &str)]| common::value(&text, name, labels);
@@ -157,12 +158,12 @@ async fn a_full_scrape_parses_with_help_and_type_on_every_family() {
 #[tokio::test]
 async fn without_per_tenant_labels_the_plan_is_a_plan_label_never_a_tenant_one() {
     let mock = common::mock().await;
-    let plans = "[plans.gold]\nweight = 2.0\n[metrics]\nper_tenant_labels = false\n";
-    let toml = format!(
-        "{}{plans}",
-        common::config(&mock.base_url(), "", "", "plan = \"gold\"")
-    );
-    let proxy = common::proxy(&toml).await;
+    let proxy = Conf::new(&mock.base_url())
+        .tenant("b", "plan", "gold")
+        .set("plans.gold.weight", 2.0)
+        .set("metrics.per_tenant_labels", false)
+        .start()
+        .await;
     traffic(proxy.addr).await;
     let text = common::scrape(proxy.addr).await;
     for line in text.lines().filter(|l| !l.starts_with('#')) {

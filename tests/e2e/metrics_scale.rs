@@ -19,16 +19,23 @@ use http_body_util::Full;
 const TENANTS: usize = 2_000;
 const CONCURRENCY: usize = 16;
 
-fn config(base_url: &str, var: &str, tenants: usize) -> String {
-    let mut s = format!(
-        "[admin]\ntoken_env = \"{var}\"\n[plans.gold]\nweight = 2.0\n\
-         [[upstreams]]\nname = \"mock\"\nbase_url = \"{base_url}\"\nmax_concurrency = 64\n"
-    );
-    for i in 0..tenants {
-        let plan = if i % 2 == 0 { "plan = \"gold\"\n" } else { "" };
-        s += &format!("[[tenants]]\nid = \"t{i:05}\"\napi_keys = [\"key-{i:05}\"]\n{plan}");
-    }
-    s
+/// The admin API on (token in `var`), a pool of 64, `tenants` tenants `tNNNNN` (key
+/// `key-NNNNN`), every other one on plan `gold` (weight 2).
+fn config(base_url: &str, var: &str, tenants: usize) -> Conf {
+    let conf = Conf::pool(base_url, 64)
+        .set("admin.token_env", var)
+        .set("plans.gold.weight", 2.0);
+    (0..tenants).fold(conf, |c, i| {
+        let tenant = entry("id", format!("t{i:05}")).with("api_keys", [format!("key-{i:05}")]);
+        c.push(
+            "tenants",
+            if i % 2 == 0 {
+                tenant.with("plan", "gold")
+            } else {
+                tenant
+            },
+        )
+    })
 }
 
 fn body() -> String {
@@ -43,7 +50,9 @@ async fn metrics_stay_within_five_lines_per_tenant_at_two_thousand_tenants() {
     let mock = mock_with(MockConfig::default()).await;
     let var = unique_env("SCALE");
     let token = "scale-token";
-    let proxy = proxy_with_env(&config(&mock.base_url(), &var, TENANTS), &[(&var, token)]).await;
+    let proxy = config(&mock.base_url(), &var, TENANTS)
+        .start_with_env(&[(&var, token)])
+        .await;
     let addr = proxy.addr;
     // One request per tenant, CONCURRENCY at a time (bounded in count).
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));

@@ -394,7 +394,7 @@ fn cli_serves_a_profile_over_tls_and_wants_both_tls_files() {
 async fn fairgate_in_front_of_every_profile_answers_plain_and_streamed_chats() {
     for profile in ALL {
         let mock = mock_profile(profile).await;
-        let proxy = proxy(&config(&mock.base_url(), "", "", "")).await;
+        let proxy = Conf::new(&mock.base_url()).start().await;
         let gzip = [("accept-encoding", "gzip")];
         let path = "/v1/chat/completions";
         let c = send(post(proxy.addr, path, Some(KEY_A), PLAIN, &gzip)).await;

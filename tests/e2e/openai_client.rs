@@ -54,7 +54,7 @@ async fn chat_stream_arrives_while_upstream_still_generates() {
         ..MockConfig::default()
     })
     .await;
-    let proxy = proxy(&config(&mock.base_url(), "", "", "")).await;
+    let proxy = Conf::new(&mock.base_url()).start().await;
     let mut stream = openai(proxy.addr, KEY_A)
         .chat()
         .create_stream(request("gpt-4o-mini"))
@@ -105,13 +105,10 @@ async fn embeddings() {
 #[tokio::test]
 async fn models_are_listed_from_config() {
     let mock = mock().await;
-    let toml = config(
-        &mock.base_url(),
-        "",
-        "models = [\"gpt-4o\", \"gpt-4o-mini\", \"o*\"]",
-        "",
-    );
-    let proxy = proxy(&toml).await;
+    let proxy = Conf::new(&mock.base_url())
+        .upstream("models", ["gpt-4o", "gpt-4o-mini", "o*"])
+        .start()
+        .await;
     let list = openai(proxy.addr, KEY_A).models().list().await.unwrap();
     let ids: Vec<&str> = list.data.iter().map(|m| m.id.as_str()).collect();
     assert_eq!(ids, ["gpt-4o", "gpt-4o-mini"]);
@@ -142,16 +139,24 @@ async fn wildcard_routes_list_the_providers_models() {
     .await;
     let fixed = mock().await;
     let var = unique_env("MODELS");
-    let toml = format!(
-        "[[upstreams]]\nname = \"fixed\"\nbase_url = \"{}\"\nmodels = [\"special-model\", \"gpt-4o\"]\n\
-         [[upstreams]]\nname = \"emb\"\nbase_url = \"{}\"\nmodels = [\"text-embedding-*\"]\n\
-         [[upstreams]]\nname = \"all\"\nbase_url = \"{}\"\nmodels = [\"*\"]\napi_key_env = \"{var}\"\n\
-         [[tenants]]\nid = \"a\"\napi_keys = [\"{KEY_A}\"]\n",
-        fixed.base_url(),
-        b.base_url(),
-        a.base_url()
-    );
-    let proxy = proxy_with_env(&toml, &[(var.as_str(), "sk-upstream-all")]).await;
+    let upstream = |name: &str, mock: &fairgate_mock::MockServer, models: &[&str]| {
+        entry("name", name)
+            .with("base_url", mock.base_url())
+            .with("models", models.to_vec())
+    };
+    let proxy = Conf::bare()
+        .push(
+            "upstreams",
+            upstream("fixed", &fixed, &["special-model", "gpt-4o"]),
+        )
+        .push("upstreams", upstream("emb", &b, &["text-embedding-*"]))
+        .push(
+            "upstreams",
+            upstream("all", &a, &["*"]).with("api_key_env", &var),
+        )
+        .add_tenant("a", KEY_A)
+        .start_with_env(&[(var.as_str(), "sk-upstream-all")])
+        .await;
     // A completion first: it fetches no list.
     let res = openai(proxy.addr, KEY_A)
         .chat()
@@ -205,16 +210,25 @@ async fn a_failing_or_slow_provider_leaves_the_explicit_names() {
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let dead = format!("http://{}/v1", closed.local_addr().unwrap());
     drop(closed);
-    let toml = format!(
-        "[[upstreams]]\nname = \"fixed\"\nbase_url = \"{}\"\nmodels = [\"special-model\"]\n\
-         [[upstreams]]\nname = \"dead\"\nbase_url = \"{dead}\"\nmodels = [\"*\"]\n\
-         [[upstreams]]\nname = \"slow\"\nbase_url = \"{}\"\nmodels = [\"x-*\"]\n\
-         models_list_timeout_ms = 200\n\
-         [[tenants]]\nid = \"a\"\napi_keys = [\"{KEY_A}\"]\n",
-        fixed.base_url(),
-        slow.base_url()
-    );
-    let proxy = proxy(&toml).await;
+    let proxy = Conf::bare()
+        .add_upstream("fixed", &fixed.base_url())
+        .upstream("models", ["special-model"])
+        .push(
+            "upstreams",
+            entry("name", "dead")
+                .with("base_url", dead)
+                .with("models", ["*"]),
+        )
+        .push(
+            "upstreams",
+            entry("name", "slow")
+                .with("base_url", slow.base_url())
+                .with("models", ["x-*"])
+                .with("models_list_timeout_ms", 200),
+        )
+        .add_tenant("a", KEY_A)
+        .start()
+        .await;
     let client = openai(proxy.addr, KEY_A);
     for _ in 0..2 {
         let list = client.models().list().await.unwrap();

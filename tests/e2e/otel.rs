@@ -109,9 +109,12 @@ fn find<'a>(spans: &'a [Value], trace: &str, name: &str) -> Option<&'a Value> {
 async fn spans_continue_the_client_trace_and_reach_the_collector() {
     let (collector, got) = receiver().await;
     let mock = mock().await;
-    let toml = config(&mock.base_url(), "", "", "requests_per_minute = 1")
-        + &format!("[otel]\nendpoint = \"http://{collector}\"\nexport_interval_ms = 20\n");
-    let proxy = proxy(&toml).await;
+    let proxy = Conf::new(&mock.base_url())
+        .tenant("b", "requests_per_minute", 1)
+        .set("otel.endpoint", format!("http://{collector}"))
+        .set("otel.export_interval_ms", 20)
+        .start()
+        .await;
     let body = format!(
         r#"{{"model":"gpt-4o-mini","max_tokens":20,"messages":[{{"role":"user","content":"{PROMPT}"}}]}}"#
     );

@@ -43,17 +43,12 @@ impl Drop for ConfigFile {
     }
 }
 
-/// One pool of `capacity` at `base_url`, the admin token in `token_var`, tenants `(id, weight)`
-/// with keys `key-<id>`.
-fn toml(base_url: &str, token_var: &str, capacity: usize, tenants: &[(&str, &str)]) -> String {
-    let mut s = format!(
-        "[admin]\ntoken_env = \"{token_var}\"\n[scheduler]\nquantum = 200\n\
-         [[upstreams]]\nname = \"mock\"\nbase_url = \"{base_url}\"\nmax_concurrency = {capacity}\n"
-    );
-    for (id, weight) in tenants {
-        s += &format!("[[tenants]]\nid = \"{id}\"\napi_keys = [\"key-{id}\"]\nweight = {weight}\n");
-    }
-    s
+/// One pool of `capacity` at `base_url`, the admin token in `token_var`, quantum 200; no
+/// tenants yet.
+fn config(base_url: &str, token_var: &str, capacity: usize) -> Conf {
+    Conf::pool(base_url, capacity)
+        .set("admin.token_env", token_var)
+        .set("scheduler.quantum", 200)
 }
 
 /// The variable the admin token is read from (from the server's own env map, not the
@@ -137,8 +132,8 @@ async fn chat(addr: SocketAddr, tenant: &str, headers: &[(&str, &str)]) -> Colle
 async fn a_reloaded_weight_is_followed_by_the_served_shares() {
     let mock = mock_with(MockConfig::default()).await;
     let (file, var) = (ConfigFile::new("weights"), token_var());
-    let one_to_one = [("heavy", "1.0"), ("light", "1.0")];
-    file.write(&toml(&mock.base_url(), &var, 1, &one_to_one));
+    let one_to_one = config(&mock.base_url(), &var, 1).add_tenants(&["heavy", "light"]);
+    file.write(&one_to_one.toml());
     let proxy = start(&file).await;
     let addr = proxy.addr;
     // Both tenants stay backlogged: six closed-loop clients each, equal-cost requests.
@@ -169,8 +164,7 @@ async fn a_reloaded_weight_is_followed_by_the_served_shares() {
         "1:1 before the reload: {before:?}"
     );
 
-    let heavier = [("heavy", "3.0"), ("light", "1.0")];
-    file.write(&toml(&mock.base_url(), &var, 1, &heavier));
+    file.write(&one_to_one.tenant("heavy", "weight", 3.0).toml());
     let r = reload(addr).await;
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     assert_eq!(
@@ -200,19 +194,21 @@ async fn a_reloaded_weight_is_followed_by_the_served_shares() {
 async fn an_invalid_reload_is_refused_and_the_old_config_keeps_serving() {
     let mock = mock().await;
     let (file, var) = (ConfigFile::new("invalid"), token_var());
-    let good = toml(&mock.base_url(), &var, 4, &[("a", "2.0")]);
-    file.write(&good);
+    let good = config(&mock.base_url(), &var, 4)
+        .add_tenants(&["a"])
+        .tenant("a", "weight", 2.0);
+    file.write(&good.toml());
     let proxy = start(&file).await;
     let addr = proxy.addr;
     let cases = [
         ("[[upstreams]\nname = ", "invalid_config", "line 1"),
         (
-            &*good.replace("weight = 2.0", "wieght = 2.0"),
+            &*good.clone().tenant("a", "wieght", 2.0).toml(),
             "invalid_config",
             "tenants[0].wieght",
         ),
         (
-            &*good.replace("weight = 2.0", "weight = -1.0"),
+            &*good.clone().tenant("a", "weight", -1.0).toml(),
             "invalid_config",
             "tenants[0].weight",
         ),
@@ -235,7 +231,7 @@ async fn an_invalid_reload_is_refused_and_the_old_config_keeps_serving() {
         .await
         .assert_error(401, "invalid_admin_token");
     // A good file again: applied.
-    file.write(&good.replace("weight = 2.0", "weight = 5.0"));
+    file.write(&good.tenant("a", "weight", 5.0).toml());
     let changes = proxy.reload().expect("valid config reloads");
     assert_eq!(changes.tenants_changed, ["a"]);
     assert_eq!(field(addr, "a", "weight").await, 5.0);
@@ -245,12 +241,11 @@ async fn an_invalid_reload_is_refused_and_the_old_config_keeps_serving() {
 async fn a_removed_tenant_drains_and_its_key_is_refused_and_a_new_key_works() {
     let mock = mock().await;
     let (file, var) = (ConfigFile::new("remove"), token_var());
-    file.write(&toml(
-        &mock.base_url(),
-        &var,
-        1,
-        &[("a", "1.0"), ("b", "1.0")],
-    ));
+    file.write(
+        &config(&mock.base_url(), &var, 1)
+            .add_tenants(&["a", "b"])
+            .toml(),
+    );
     let proxy = start(&file).await;
     let addr = proxy.addr;
     // Long enough that b's three requests (one at a time) outlive the reload below by seconds.
@@ -260,12 +255,10 @@ async fn a_removed_tenant_drains_and_its_key_is_refused_and_a_new_key_works() {
         .collect();
     assert!(eventually(|| proxy.pools[0].load() == (2, 1)).await);
 
-    file.write(&toml(
-        &mock.base_url(),
-        &var,
-        1,
-        &[("a", "1.0"), ("c", "2.0")],
-    ));
+    let replaced = config(&mock.base_url(), &var, 1)
+        .add_tenants(&["a", "c"])
+        .tenant("c", "weight", 2.0);
+    file.write(&replaced.toml());
     let r = reload(addr).await;
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     let changes = &r.json()["changes"];
@@ -301,8 +294,10 @@ async fn a_removed_tenant_drains_and_its_key_is_refused_and_a_new_key_works() {
 async fn a_server_started_without_a_file_cannot_reload() {
     let mock = mock().await;
     let var = token_var();
-    let toml = toml(&mock.base_url(), &var, 1, &[("a", "1.0")]);
-    let proxy = proxy_with_env(&toml, &[(TOKEN_VAR, TOKEN)]).await;
+    let proxy = config(&mock.base_url(), &var, 1)
+        .add_tenants(&["a"])
+        .start_with_env(&[(TOKEN_VAR, TOKEN)])
+        .await;
     reload(proxy.addr).await.assert_error(409, "no_config_file");
     assert!(matches!(proxy.reload(), Err(ReloadError::NoFile)));
 }

@@ -5,7 +5,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::support::{config, mock, post, send, KEY_A};
+use crate::support::{mock, post, send, Conf, KEY_A};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn several_workers_serve_one_port_and_sigterm_exits_cleanly() {
@@ -13,7 +13,11 @@ async fn several_workers_serve_one_port_and_sigterm_exits_cleanly() {
     let dir = std::env::temp_dir().join(format!("fg-serve-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("fairgate.toml");
-    std::fs::write(&path, config(&mock.base_url(), "workers = 3", "", "")).unwrap();
+    std::fs::write(
+        &path,
+        Conf::new(&mock.base_url()).server("workers", 3).toml(),
+    )
+    .unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_fairgate"))
         .args(["serve", "--config", path.to_str().unwrap()])
         .env("FAIRGATE_LOG", "info")

@@ -61,13 +61,10 @@ async fn rejected(addr: std::net::SocketAddr, tenant: &str) -> f64 {
 #[tokio::test]
 async fn a_stream_past_max_stream_output_tokens_is_ended_cleanly_and_cancelled_upstream() {
     let mock = mock().await;
-    let proxy = proxy(&config(
-        &mock.base_url(),
-        "",
-        "",
-        "max_stream_output_tokens = 200",
-    ))
-    .await;
+    let proxy = Conf::new(&mock.base_url())
+        .tenant("b", "max_stream_output_tokens", 200)
+        .start()
+        .await;
     let r = send(post(
         proxy.addr,
         "/v1/chat/completions",
@@ -109,13 +106,11 @@ async fn a_stream_past_max_stream_output_tokens_is_ended_cleanly_and_cancelled_u
 async fn a_stream_past_the_tenants_remaining_budget_is_cut_with_cut_off_over_budget() {
     let mock = mock().await;
     // 3 000 tokens a minute; the stream is admitted at its estimate (~520) and asks for 8 000.
-    let proxy = proxy(&config(
-        &mock.base_url(),
-        "",
-        "",
-        "tokens_per_minute = 3000\ncut_off_over_budget = true",
-    ))
-    .await;
+    let proxy = Conf::new(&mock.base_url())
+        .tenant("b", "tokens_per_minute", 3000)
+        .tenant("b", "cut_off_over_budget", true)
+        .start()
+        .await;
     let r = send(post(
         proxy.addr,
         "/v1/chat/completions",
@@ -144,13 +139,10 @@ async fn a_stream_past_the_tenants_remaining_budget_is_cut_with_cut_off_over_bud
 #[tokio::test]
 async fn a_long_streams_cost_is_seen_while_it_runs() {
     let mock = mock().await;
-    let proxy = proxy(&config(
-        &mock.base_url(),
-        "",
-        "",
-        "tokens_per_minute = 3000",
-    ))
-    .await;
+    let proxy = Conf::new(&mock.base_url())
+        .tenant("b", "tokens_per_minute", 3000)
+        .start()
+        .await;
     let req = post(
         proxy.addr,
         "/v1/chat/completions",

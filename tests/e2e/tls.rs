@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use crate::support::{config, fixture, mock, mock_tls, post, proxy, send, KEY_A};
+use crate::support::{fixture, mock, mock_tls, post, send, Conf, KEY_A};
 use bytes::Bytes;
 use http::Request;
 use http_body_util::{BodyExt, Full};
@@ -46,12 +46,11 @@ fn chat() -> Request<Full<Bytes>> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_serves_http1_and_h2_and_refuses_plain_text() {
     let mock = mock().await;
-    let tls = format!(
-        "[server.tls]\ncert = \"{}\"\nkey = \"{}\"\n",
-        fixture("localhost.crt"),
-        fixture("localhost.key")
-    );
-    let proxy = proxy(&config(&mock.base_url(), &tls, "", "")).await;
+    let proxy = Conf::new(&mock.base_url())
+        .set("server.tls.cert", fixture("localhost.crt"))
+        .set("server.tls.key", fixture("localhost.key"))
+        .start()
+        .await;
     let name = ServerName::try_from("localhost").unwrap();
 
     // HTTP/1.1 over TLS.
@@ -123,13 +122,10 @@ async fn tls_serves_http1_and_h2_and_refuses_plain_text() {
 async fn a_private_ca_upstream_is_reached_with_its_ca_file_and_refused_without() {
     let mock = mock_tls(fairgate_mock::MockConfig::default()).await;
     assert!(mock.base_url().starts_with("https://127.0.0.1:"));
-    let trusted = proxy(&config(
-        &mock.base_url(),
-        "",
-        &format!("ca_file = \"{}\"", fixture("localhost.crt")),
-        "",
-    ))
-    .await;
+    let trusted = Conf::new(&mock.base_url())
+        .upstream("ca_file", fixture("localhost.crt"))
+        .start()
+        .await;
     let r = send(post(
         trusted.addr,
         "/v1/chat/completions",
@@ -140,7 +136,7 @@ async fn a_private_ca_upstream_is_reached_with_its_ca_file_and_refused_without()
     .await;
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     // The bundled roots alone do not know the private CA.
-    let untrusted = proxy(&config(&mock.base_url(), "", "", "")).await;
+    let untrusted = Conf::new(&mock.base_url()).start().await;
     let r = send(post(
         untrusted.addr,
         "/v1/chat/completions",
@@ -153,13 +149,9 @@ async fn a_private_ca_upstream_is_reached_with_its_ca_file_and_refused_without()
     let message = r.json()["error"]["message"].as_str().unwrap().to_owned();
     assert!(message.contains("TLS"), "{message}");
     // A ca_file that does not exist stops the server from starting, naming the key.
-    let bad = fairgate::config::Config::from_toml_str(&config(
-        &mock.base_url(),
-        "",
-        "ca_file = \"/nonexistent/ca.pem\"",
-        "",
-    ))
-    .unwrap();
+    let bad = Conf::new(&mock.base_url())
+        .upstream("ca_file", "/nonexistent/ca.pem")
+        .config();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let e = fairgate::server::start(bad, listener)
         .await

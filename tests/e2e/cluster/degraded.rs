@@ -11,16 +11,13 @@ async fn redis_down_degrades_without_losing_requests_and_recovers() {
         return;
     };
     let mock = slow_mock(20).await;
-    let tenants = [
-        ("a", 1.0, ""),
-        ("b", 1.0, ""),
-        (
-            "capped",
-            1.0,
-            "tokens_per_minute = 1000000\nrequests_per_minute = 100000",
-        ),
-    ];
-    let rs = replicas(|i| replica_config(&redis, &mock.base_url(), i, 6, 1024, &tenants)).await;
+    let rs = replicas(|i| {
+        replica(&redis, &mock.base_url(), i, 6)
+            .add_tenants(&["a", "b", "capped"])
+            .tenant("capped", "tokens_per_minute", 1000000)
+            .tenant("capped", "requests_per_minute", 100000)
+    })
+    .await;
     let addrs: Vec<_> = rs.iter().map(|r| r.addr).collect();
     assert_eq!(
         chat(addrs[0], "capped", 8, &[]).await,
@@ -104,8 +101,7 @@ async fn a_redis_stall_shorter_than_degrade_after_neither_degrades_nor_overshoot
     use std::sync::atomic::{AtomicBool, Ordering};
     let Some(redis) = Redis::start() else { return };
     let mock = slow_mock(30).await;
-    let tenants = [("a", 1.0, ""), ("b", 1.0, "")];
-    let rs = replicas(|i| replica_config(&redis, &mock.base_url(), i, 6, 1024, &tenants)).await;
+    let rs = replicas(|i| replica(&redis, &mock.base_url(), i, 6).add_tenants(&["a", "b"])).await;
     let addrs: Vec<_> = rs.iter().map(|r| r.addr).collect();
     let mut tasks = Vec::new();
     for i in 0..200 {
@@ -207,18 +203,15 @@ async fn one_replica_cut_off_runs_on_its_allowance_and_the_bound_holds() {
     use std::sync::atomic::{AtomicBool, Ordering};
     let Some(redis) = Redis::start() else { return };
     let mock = slow_mock(30).await;
-    let tenants = [
-        ("a", 1.0, ""),
-        ("b", 1.0, ""),
-        ("rpm", 1.0, "requests_per_minute = 30"),
-    ];
     let (relayed, cut) = relay(redis.port).await;
     let rs = replicas(|i| {
-        let s = replica_config(&redis, &mock.base_url(), i, 6, 1024, &tenants);
+        let conf = replica(&redis, &mock.base_url(), i, 6)
+            .add_tenants(&["a", "b", "rpm"])
+            .tenant("rpm", "requests_per_minute", 30);
         if i == 2 {
-            s.replace(&redis.url(), &format!("redis://{relayed}"))
+            conf.set("cluster.redis_url", format!("redis://{relayed}"))
         } else {
-            s
+            conf
         }
     })
     .await;

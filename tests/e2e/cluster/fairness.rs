@@ -8,8 +8,13 @@ use super::*;
 async fn weights_three_to_one_hold_across_replicas() {
     let Some(redis) = Redis::start() else { return };
     let mock = slow_mock(15).await;
-    let tenants = [("heavy", 3.0, ""), ("light", 1.0, ""), ("z", 1.0, "")];
-    let rs = replicas(|i| replica_config(&redis, &mock.base_url(), i, 6, 40, &tenants)).await;
+    let rs = replicas(|i| {
+        replica(&redis, &mock.base_url(), i, 6)
+            .set("scheduler.quantum", 40)
+            .add_tenants(&["heavy", "light", "z"])
+            .tenant("heavy", "weight", 3.0)
+    })
+    .await;
     // Hold every slot (two per replica) while the flood queues up.
     let mut blockers = Vec::new();
     for i in 0..6 {
@@ -79,8 +84,8 @@ async fn weights_three_to_one_hold_across_replicas() {
 async fn noisy_neighbor_small_tenant_waits_about_one_service_time() {
     let Some(redis) = Redis::start() else { return };
     let mock = slow_mock(30).await;
-    let tenants = [("noisy", 1.0, ""), ("small", 1.0, "")];
-    let rs = replicas(|i| replica_config(&redis, &mock.base_url(), i, 6, 1024, &tenants)).await;
+    let rs = replicas(|i| replica(&redis, &mock.base_url(), i, 6).add_tenants(&["noisy", "small"]))
+        .await;
     // The noisy tenant floods every replica; completions are counted per replica.
     let done: Arc<Vec<std::sync::atomic::AtomicUsize>> =
         Arc::new((0..3).map(|_| Default::default()).collect());
@@ -114,8 +119,12 @@ async fn noisy_neighbor_small_tenant_waits_about_one_service_time() {
 async fn service_elsewhere_is_charged_here() {
     let Some(redis) = Redis::start() else { return };
     let mock = slow_mock(15).await;
-    let tenants = [("heavy", 1.0, ""), ("light", 1.0, "")];
-    let rs = replicas(|i| replica_config(&redis, &mock.base_url(), i, 6, 64, &tenants)).await;
+    let rs = replicas(|i| {
+        replica(&redis, &mock.base_url(), i, 6)
+            .set("scheduler.quantum", 64)
+            .add_tenants(&["heavy", "light"])
+    })
+    .await;
     // Heavy floods all three replicas, light only replica 0. Per replica, light would get half
     // of replica 0 (1/6 of the pool); charged for what heavy gets on replicas 1 and 2, heavy
     // yields replica 0 to light (about 1/3 of the pool: replica 0's share of the slots).

@@ -23,14 +23,14 @@ use http_body_util::Full;
 use serde_json::Value;
 
 /// A replica on `base_url`: tenants `a`, `b`, one connection worker, `[cluster]` on `redis`
-/// as `name`, `[jobs]` with leases of `lease_ms`.
-fn replica(redis: &Redis, base_url: &str, name: &str, lease_ms: u64) -> String {
-    format!(
-        "{}\n[cluster]\nredis_url = \"{}\"\nreplica_id = \"{name}\"\n\
-         [jobs]\nmax_inflight_per_tenant = 8\nlease_ms = {lease_ms}\n",
-        config(base_url, "workers = 1", "", ""),
-        redis.url()
-    )
+/// as `name`, `[jobs]` with leases of 2 s (a loaded machine renews in time).
+fn replica(redis: &Redis, base_url: &str, name: &str) -> Conf {
+    Conf::new(base_url)
+        .server("workers", 1)
+        .set("cluster.redis_url", redis.url())
+        .set("cluster.replica_id", name)
+        .set("jobs.max_inflight_per_tenant", 8)
+        .set("jobs.lease_ms", 2000)
 }
 
 fn get(addr: SocketAddr, path: &str, key: &str) -> Request<Full<Bytes>> {
@@ -126,8 +126,8 @@ async fn any_replica_answers_any_job_and_a_batch_completes_once_across_replicas(
     // Each answer takes longer than a lease: only renewal (every lease / 3) keeps the other
     // replica from running a line a second time. The lease leaves room for a loaded machine.
     let mock = mock_slow(2500).await;
-    let a = proxy(&replica(&redis, &mock.base_url(), "a", 2000)).await;
-    let b = proxy(&replica(&redis, &mock.base_url(), "b", 2000)).await;
+    let a = replica(&redis, &mock.base_url(), "a").start().await;
+    let b = replica(&redis, &mock.base_url(), "b").start().await;
 
     // One async job: created through A, answered by B.
     let r = send(post(
@@ -186,7 +186,7 @@ async fn lines_of_a_stopped_replica_are_reclaimed_after_the_lease_and_run_once_e
     // machine to renew while A is alive).
     let slow = mock_slow(5000).await;
     let slower = mock_slow(4000).await;
-    let a = proxy(&replica(&redis, &slow.base_url(), "a", 2000)).await;
+    let a = replica(&redis, &slow.base_url(), "a").start().await;
     let file = upload(a.addr, &input(LINES)).await;
     let batch = create_batch(a.addr, &file).await;
     for _ in 0..500 {
@@ -199,7 +199,7 @@ async fn lines_of_a_stopped_replica_are_reclaimed_after_the_lease_and_run_once_e
     // A stops: its runner and its lease renewals end; its requests stay in flight.
     a.shutdown();
 
-    let b = proxy(&replica(&redis, &slower.base_url(), "b", 2000)).await;
+    let b = replica(&redis, &slower.base_url(), "b").start().await;
     let doc = completed(b.addr, &batch).await;
     assert_eq!(
         doc["request_counts"],
@@ -246,9 +246,10 @@ async fn lines_of_a_stopped_replica_are_reclaimed_after_the_lease_and_run_once_e
 async fn a_job_store_call_slower_than_the_hot_path_timeout_still_answers() {
     let Some(redis) = Redis::start() else { return };
     let mock = mock().await;
-    let toml = replica(&redis, &mock.base_url(), "a", 2000)
-        .replace("[cluster]\n", "[cluster]\ntimeout_ms = 100\n");
-    let a = proxy(&toml).await;
+    let a = replica(&redis, &mock.base_url(), "a")
+        .set("cluster.timeout_ms", 100)
+        .start()
+        .await;
     assert_eq!(send(get(a.addr, "/v1/batches", KEY_A)).await.status, 200);
     let mut conn = redis.conn().await;
     let stall = tokio::spawn(async move {

@@ -9,8 +9,7 @@ use super::*;
 async fn pool_limit_holds_across_replicas() {
     let Some(redis) = Redis::start() else { return };
     let mock = slow_mock(30).await;
-    let tenants = [("a", 1.0, ""), ("b", 1.0, "")];
-    let rs = replicas(|i| replica_config(&redis, &mock.base_url(), i, 6, 1024, &tenants)).await;
+    let rs = replicas(|i| replica(&redis, &mock.base_url(), i, 6).add_tenants(&["a", "b"])).await;
     let mut tasks = Vec::new();
     for i in 0..120 {
         let addr = rs[i % 3].addr;
@@ -51,8 +50,7 @@ async fn pool_limit_holds_across_replicas() {
 async fn a_dead_replicas_slots_come_back_within_the_ttl() {
     let Some(redis) = Redis::start() else { return };
     let mock = slow_mock(0).await;
-    let tenants = [("a", 1.0, "")];
-    let doomed = replica_config(&redis, &mock.base_url(), 9, 4, 1024, &tenants);
+    let doomed = replica(&redis, &mock.base_url(), 9, 4).add_tenants(&["a"]);
     let (addr_tx, addr_rx) = std::sync::mpsc::channel();
     let (kill_tx, kill_rx) = tokio::sync::oneshot::channel::<()>();
     // The doomed replica runs on its own runtime: dropping it is a crash (no release runs).
@@ -63,7 +61,7 @@ async fn a_dead_replicas_slots_come_back_within_the_ttl() {
             .build()
             .unwrap();
         rt.block_on(async move {
-            let handle = proxy(&doomed).await;
+            let handle = doomed.start().await;
             addr_tx.send(handle.addr).unwrap();
             let _ = kill_rx.await;
             std::mem::forget(handle);
@@ -95,15 +93,10 @@ async fn a_dead_replicas_slots_come_back_within_the_ttl() {
         n
     };
     assert_eq!(leases(conn.clone()).await, 4);
-    let survivor = proxy(&replica_config(
-        &redis,
-        &mock.base_url(),
-        1,
-        4,
-        1024,
-        &tenants,
-    ))
-    .await;
+    let survivor = replica(&redis, &mock.base_url(), 1, 4)
+        .add_tenants(&["a"])
+        .start()
+        .await;
     kill_tx.send(()).unwrap();
     thread.join().unwrap();
     // Within the TTL (1.5 s; polled for at most 3 s) the dead replica's leases are gone...
@@ -165,8 +158,7 @@ async fn a_limit_learned_from_429s_is_shared_by_the_replicas() {
         ..MockConfig::default()
     })
     .await;
-    let tenants = [("a", 1.0, "")];
-    let rs = replicas(|i| replica_config(&redis, &mock.base_url(), i, 12, 1024, &tenants)).await;
+    let rs = replicas(|i| replica(&redis, &mock.base_url(), i, 12).add_tenants(&["a"])).await;
     let conn = redis.conn().await;
     // "Late": once the replicas have learned and shared a limit near K (an event, not a time).
     let learned = Arc::new(AtomicBool::new(false));

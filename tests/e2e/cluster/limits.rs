@@ -8,8 +8,12 @@ use super::*;
 async fn rate_limits_hold_across_replicas() {
     let Some(redis) = Redis::start() else { return };
     let mock = slow_mock(0).await;
-    let tenants = [("a", 1.0, "requests_per_minute = 10")];
-    let rs = replicas(|i| replica_config(&redis, &mock.base_url(), i, 6, 1024, &tenants)).await;
+    let rs = replicas(|i| {
+        replica(&redis, &mock.base_url(), i, 6)
+            .add_tenants(&["a"])
+            .tenant("a", "requests_per_minute", 10)
+    })
+    .await;
     // 30 requests spread over three replicas against a shared bucket of 10 (one minute's worth):
     // 10 pass, not 30 (each replica counting alone would let all of them through).
     let mut ok = 0;
@@ -45,9 +49,13 @@ async fn token_refunds_reconcile_across_replicas() {
     // refill). Each request is estimated at ~500 tokens (max_tokens 500): "exact" really uses
     // them, "cheap" gets 1 output token back, so its reconciled refunds (flushed by whichever
     // replica served it) make later requests admissible on every replica.
-    let budget = "tokens_per_minute = 6000";
-    let tenants = [("exact", 1.0, budget), ("cheap", 1.0, budget)];
-    let rs = replicas(|i| replica_config(&redis, &mock.base_url(), i, 6, 1024, &tenants)).await;
+    let rs = replicas(|i| {
+        replica(&redis, &mock.base_url(), i, 6)
+            .add_tenants(&["exact", "cheap"])
+            .tenant("exact", "tokens_per_minute", 6000)
+            .tenant("cheap", "tokens_per_minute", 6000)
+    })
+    .await;
     // (corrections recorded, applied in Redis) summed over the replicas.
     let corrections = |rs: &[ServerHandle]| {
         rs.iter()

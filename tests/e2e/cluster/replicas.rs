@@ -10,24 +10,23 @@ use super::*;
 async fn a_replica_id_already_live_in_the_cluster_is_refused_at_startup() {
     let Some(redis) = Redis::start() else { return };
     let mock = slow_mock(0).await;
-    let toml = |i| replica_config(&redis, &mock.base_url(), i, 4, 1024, &[("a", 1.0, "")]);
-    let start = |text: String| async move {
-        let config = fairgate::config::Config::from_toml_str(&text).unwrap();
+    let conf = |i| replica(&redis, &mock.base_url(), i, 4).add_tenants(&["a"]);
+    let start = |conf: Conf| async move {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        fairgate::server::start(config, listener).await
+        fairgate::server::start(conf.config(), listener).await
     };
-    let first = start(toml(0)).await.expect("the first r0 starts");
-    let e = start(toml(0))
+    let first = start(conf(0)).await.expect("the first r0 starts");
+    let e = start(conf(0))
         .await
         .expect_err("a second r0 is refused")
         .to_string();
     assert!(e.starts_with("cluster.replica_id"), "{e}");
     assert!(e.contains("\"r0\"") && !e.contains("redis://"), "{e}");
-    let other = start(toml(1)).await.expect("r1 starts beside r0");
+    let other = start(conf(1)).await.expect("r1 starts beside r0");
     first.shutdown();
     let mut again = None;
     for _ in 0..100 {
-        if let Ok(h) = start(toml(0)).await {
+        if let Ok(h) = start(conf(0)).await {
             again = Some(h);
             break;
         }
@@ -37,12 +36,11 @@ async fn a_replica_id_already_live_in_the_cluster_is_refused_at_startup() {
     drop(other);
 }
 
-/// Starts a replica from `text`, retrying while its id is still claimed by one that stopped.
-async fn start_when_free(text: &str) -> ServerHandle {
+/// Starts a replica from `conf`, retrying while its id is still claimed by one that stopped.
+async fn start_when_free(conf: &Conf) -> ServerHandle {
     for _ in 0..200 {
-        let config = fairgate::config::Config::from_toml_str(text).unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        if let Ok(h) = fairgate::server::start(config, listener).await {
+        if let Ok(h) = fairgate::server::start(conf.config(), listener).await {
             return h;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -57,7 +55,7 @@ async fn start_when_free(text: &str) -> ServerHandle {
 async fn a_restarted_replica_resumes_its_sync_sequence() {
     let Some(redis) = Redis::start() else { return };
     let mock = slow_mock(0).await;
-    let text = replica_config(&redis, &mock.base_url(), 0, 4, 1024, &[("a", 1.0, "")]);
+    let conf = replica(&redis, &mock.base_url(), 0, 4).add_tenants(&["a"]);
     let conn = redis.conn().await;
     let seq = || {
         let mut c = conn.clone();
@@ -83,14 +81,14 @@ async fn a_restarted_replica_resumes_its_sync_sequence() {
                 .unwrap_or(0.0)
         }
     };
-    let first = start_when_free(&text).await;
+    let first = start_when_free(&conf).await;
     for _ in 0..3 {
         assert_eq!(chat(first.addr, "a", 8, &[]).await, 200);
     }
     assert!(until(250, || async { seq().await >= 10 && served().await > 0.0 }).await);
     first.shutdown();
     drop(first);
-    let second = start_when_free(&text).await;
+    let second = start_when_free(&conf).await;
     let (last, before) = (seq().await, served().await);
     for _ in 0..3 {
         assert_eq!(chat(second.addr, "a", 8, &[]).await, 200);

@@ -95,12 +95,16 @@ impl Drop for TlsRedis {
     }
 }
 
-fn toml(base_url: &str, port: u16, prefix: &str, extra: &str) -> String {
-    config(base_url, "workers = 1", "", "")
-        + &format!(
-            "[cluster]\nredis_url = \"rediss://localhost:{port}\"\nkey_prefix = \"{prefix}\"\n\
-             lease_ttl_ms = 1500\ndegrade_after_ms = 300\nsync_interval_ms = 50\n{extra}\n"
-        )
+/// The default test config with one connection worker, in cluster mode on the TLS Redis at
+/// `port` under `key_prefix = prefix`.
+fn config(base_url: &str, port: u16, prefix: &str) -> Conf {
+    Conf::new(base_url)
+        .server("workers", 1)
+        .set("cluster.redis_url", format!("rediss://localhost:{port}"))
+        .set("cluster.key_prefix", prefix)
+        .set("cluster.lease_ttl_ms", 1500)
+        .set("cluster.degrade_after_ms", 300)
+        .set("cluster.sync_interval_ms", 50)
 }
 
 async fn degraded(addr: std::net::SocketAddr) -> Option<f64> {
@@ -126,16 +130,11 @@ async fn rediss_with_a_private_ca_and_the_password_from_env() {
     let mock = mock().await;
     let var = unique_env("REDIS_PW");
     let ca = fixture("localhost.crt");
-    let proxy = proxy_with_env(
-        &toml(
-            &mock.base_url(),
-            redis.port,
-            "tlsok",
-            &format!("tls_ca_file = \"{ca}\"\npassword_env = \"{var}\""),
-        ),
-        &[(var.as_str(), PASSWORD)],
-    )
-    .await;
+    let proxy = config(&mock.base_url(), redis.port, "tlsok")
+        .set("cluster.tls_ca_file", &ca)
+        .set("cluster.password_env", &var)
+        .start_with_env(&[(var.as_str(), PASSWORD)])
+        .await;
     for _ in 0..3 {
         let r = send(post(
             proxy.addr,
@@ -179,27 +178,16 @@ async fn rediss_refuses_an_untrusted_server_and_a_wrong_password() {
     let ca = fixture("localhost.crt");
     let var = unique_env("REDIS_PW");
     // (b) No private CA: the system roots do not trust the self-signed fixture.
-    let untrusted = proxy_with_env(
-        &toml(
-            &mock.base_url(),
-            redis.port,
-            "tlsnoca",
-            &format!("password_env = \"{var}\""),
-        ),
-        &[(var.as_str(), PASSWORD)],
-    )
-    .await;
+    let untrusted = config(&mock.base_url(), redis.port, "tlsnoca")
+        .set("cluster.password_env", &var)
+        .start_with_env(&[(var.as_str(), PASSWORD)])
+        .await;
     // (c) The right CA, the wrong password.
-    let wrong = proxy_with_env(
-        &toml(
-            &mock.base_url(),
-            redis.port,
-            "tlsbadpw",
-            &format!("tls_ca_file = \"{ca}\"\npassword_env = \"{var}\""),
-        ),
-        &[(var.as_str(), "not-the-password")],
-    )
-    .await;
+    let wrong = config(&mock.base_url(), redis.port, "tlsbadpw")
+        .set("cluster.tls_ca_file", &ca)
+        .set("cluster.password_env", &var)
+        .start_with_env(&[(var.as_str(), "not-the-password")])
+        .await;
     assert!(
         until_degraded(untrusted.addr, 1.0).await,
         "a server the roots do not trust was used"
@@ -216,16 +204,12 @@ async fn rediss_refuses_an_untrusted_server_and_a_wrong_password() {
         .unwrap();
     assert!(keys.is_empty(), "{keys:?}");
     // A missing variable is a config error naming the key, never a value.
-    let config = fairgate::config::Config::from_toml_str(&toml(
-        &mock.base_url(),
-        redis.port,
-        "x",
-        "password_env = \"FG_SURELY_UNSET_REDIS_PW\"",
-    ))
-    .unwrap();
+    let unset = config(&mock.base_url(), redis.port, "x")
+        .set("cluster.password_env", "FG_SURELY_UNSET_REDIS_PW")
+        .config();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let started = fairgate::server::start_with_env(
-        config,
+        unset,
         listener,
         fairgate::server::Env::vars([("OTHER", PASSWORD)]),
     )

@@ -29,12 +29,12 @@ impl Drop for Serve {
     }
 }
 
-/// Starts `fairgate serve` with `toml` at the lowered limit; waits for its address.
-fn serve(tag: &str, toml: &str) -> Serve {
+/// Starts `fairgate serve` with `conf` at the lowered limit; waits for its address.
+fn serve(tag: &str, conf: &Conf) -> Serve {
     let dir = std::env::temp_dir().join(format!("fg-conn-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("fairgate.toml");
-    std::fs::write(&path, toml).unwrap();
+    std::fs::write(&path, conf.toml()).unwrap();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_fairgate"));
     cmd.args(["serve", "--config", path.to_str().unwrap()])
         .env("FAIRGATE_LOG", "info")
@@ -125,8 +125,10 @@ async fn closed_at_least(flood: &[std::net::TcpStream], n: usize) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn at_the_derived_cap_idle_connections_are_shed_and_a_victim_is_served() {
     let mock = mock().await;
-    let toml = config(&mock.base_url(), "workers = 1", "max_concurrency = 4", "");
-    let mut s = serve("derived", &toml);
+    let conf = Conf::new(&mock.base_url())
+        .server("workers", 1)
+        .upstream("max_concurrency", 4);
+    let mut s = serve("derived", &conf);
     // 256 − (64 + (1 worker + 1) × 4 upstream slots) = 184.
     let cap = 184;
     assert_eq!(s.logged("max_connections=184"), 1, "{:#?}", s.seen);
@@ -157,9 +159,11 @@ async fn at_the_derived_cap_idle_connections_are_shed_and_a_victim_is_served() {
 async fn out_of_descriptors_accept_backs_off_sheds_idle_and_keeps_serving() {
     let mock = mock().await;
     // A cap above the descriptor limit: `accept` itself runs out (EMFILE).
-    let server = "workers = 1\nmax_connections = 100000";
-    let toml = config(&mock.base_url(), server, "max_concurrency = 4", "");
-    let mut s = serve("emfile", &toml);
+    let conf = Conf::new(&mock.base_url())
+        .server("workers", 1)
+        .server("max_connections", 100000)
+        .upstream("max_concurrency", 4);
+    let mut s = serve("emfile", &conf);
     // Warm the upstream pool first: a pooled connection needs no new descriptor.
     assert_eq!(victim(s.addr, 1).await, vec![200]);
     let held = flood(s.addr);

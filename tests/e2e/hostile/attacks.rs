@@ -6,7 +6,7 @@ use std::time::Duration;
 use fairgate_mock::MockConfig;
 
 use super::support::{figure, scrape, throughput_ratio, value, victim_run};
-use crate::support::{chat, config, mock_with, post, proxy, proxy_with_env, send, KEY_A, KEY_B};
+use crate::support::{chat, mock_with, post, send, Conf, KEY_A, KEY_B};
 
 const VICTIM: usize = 6;
 
@@ -81,13 +81,11 @@ fn slow_mock() -> MockConfig {
 #[tokio::test]
 async fn a_tenant_flooding_maximum_size_requests() {
     let mock = mock_with(slow_mock()).await;
-    let toml = config(
-        &mock.base_url(),
-        "max_body_bytes = 262144",
-        "max_concurrency = 2",
-        "",
-    );
-    let proxy = proxy(&toml).await;
+    let proxy = Conf::new(&mock.base_url())
+        .server("max_body_bytes", 262144)
+        .upstream("max_concurrency", 2)
+        .start()
+        .await;
     let alone = victim_run(proxy.addr, &mock.stats, KEY_B, VICTIM, &[]).await;
     // 16 concurrent requests at the body cap (a 250 KiB prompt) asking for the most output.
     let content = "lorem ipsum ".repeat(250 * 1024 / 12);
@@ -137,13 +135,11 @@ async fn a_retry_storm_and_an_exhausted_key() {
     // b's alone: the pool's learned limit stays, b is refused at once without retries holding
     // slots, and the victim (tenant a, on the pool key) keeps its throughput.
     let mock = mock_with(slow_mock()).await;
-    let toml = config(
-        &mock.base_url(),
-        "",
-        "max_concurrency = 2",
-        "upstream_api_key_env = \"FG_HOSTILE_OWN_KEY\"",
-    );
-    let proxy = proxy_with_env(&toml, &[("FG_HOSTILE_OWN_KEY", "sk-exhausted")]).await;
+    let proxy = Conf::new(&mock.base_url())
+        .upstream("max_concurrency", 2)
+        .tenant("b", "upstream_api_key_env", "FG_HOSTILE_OWN_KEY")
+        .start_with_env(&[("FG_HOSTILE_OWN_KEY", "sk-exhausted")])
+        .await;
     let alone = victim_run(proxy.addr, &mock.stats, KEY_A, VICTIM, &[]).await;
     let stop = std::sync::Arc::default();
     let tasks = flood_as(
@@ -205,7 +201,10 @@ async fn spoofed_operator_headers() {
         ..slow_mock()
     })
     .await;
-    let proxy = proxy(&config(&mock.base_url(), "", "max_concurrency = 2", "")).await;
+    let proxy = Conf::new(&mock.base_url())
+        .upstream("max_concurrency", 2)
+        .start()
+        .await;
     let spoof = [
         ("openai-organization", "org-operator"),
         ("openai-project", "proj-operator"),
@@ -245,13 +244,12 @@ async fn spoofed_sidecar_header() {
     // here a range the test's loopback clients are not in, so the header is ignored and a key
     // is required: the attacker's requests are its own (tenant a), none is charged to b.
     let mock = mock_with(slow_mock()).await;
-    let toml = config(
-        &mock.base_url(),
-        "tenant_header = \"x-tenant-id\"\ntrusted_sources = [\"10.0.0.0/8\"]",
-        "max_concurrency = 2",
-        "",
-    );
-    let proxy = proxy(&toml).await;
+    let proxy = Conf::new(&mock.base_url())
+        .server("tenant_header", "x-tenant-id")
+        .server("trusted_sources", ["10.0.0.0/8"])
+        .upstream("max_concurrency", 2)
+        .start()
+        .await;
     let victim = victim_run(
         proxy.addr,
         &mock.stats,
@@ -285,7 +283,10 @@ async fn spoofed_sidecar_header() {
 #[tokio::test]
 async fn a_label_flood() {
     let mock = mock_with(slow_mock()).await;
-    let proxy = proxy(&config(&mock.base_url(), "", "max_concurrency = 2", "")).await;
+    let proxy = Conf::new(&mock.base_url())
+        .upstream("max_concurrency", 2)
+        .start()
+        .await;
     let victim_before = victim_run(proxy.addr, &mock.stats, KEY_B, 2, &[]).await;
     let base = scrape(proxy.addr).await.len();
     // 300 distinct long model names: every one is a candidate metrics label and log field.

@@ -9,7 +9,7 @@ use std::time::Duration;
 use fairgate_mock::MockConfig;
 
 use super::support::{figure, scrape, value, victim_run};
-use crate::support::{config, mock_with, post, proxy, send, Collected, KEY_A, KEY_B};
+use crate::support::{mock_with, post, send, Collected, Conf, KEY_A, KEY_B};
 
 const MIB: usize = 1 << 20;
 const ATTACK: usize = 16;
@@ -30,14 +30,11 @@ async fn big_cheap_bodies_are_bounded_in_bytes_and_the_victim_served() {
         ..MockConfig::default()
     })
     .await;
-    let server = "";
-    let pool = "max_concurrency = 1";
-    let toml = config(&mock.base_url(), server, pool, "").replacen(
-        "[[upstreams]]",
-        "[scheduler]\nmax_queued_bytes_per_tenant = 4194304\n[[upstreams]]",
-        1,
-    );
-    let proxy = proxy(&toml).await;
+    let proxy = Conf::new(&mock.base_url())
+        .upstream("max_concurrency", 1)
+        .set("scheduler.max_queued_bytes_per_tenant", 4194304)
+        .start()
+        .await;
     let alone = victim_run(proxy.addr, &mock.stats, KEY_B, VICTIM_REQUESTS, &[])
         .await
         .ok;
@@ -115,12 +112,11 @@ async fn a_cancelled_request_releases_its_bytes() {
         ..MockConfig::default()
     })
     .await;
-    let toml = config(&mock.base_url(), "", "max_concurrency = 1", "").replacen(
-        "[[upstreams]]",
-        "[scheduler]\nmax_queued_bytes_per_tenant = 2097152\n[[upstreams]]",
-        1,
-    );
-    let proxy = proxy(&toml).await;
+    let proxy = Conf::new(&mock.base_url())
+        .upstream("max_concurrency", 1)
+        .set("scheduler.max_queued_bytes_per_tenant", 2097152)
+        .start()
+        .await;
     let addr = proxy.addr;
     let body = big(MIB);
     // Two requests hold the tenant's 2 MiB; both clients go away before an answer.

@@ -12,7 +12,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpSocket;
 
 use super::support::{figure, scrape, value, victim_run};
-use crate::support::{config, eventually, mock, proxy, KEY_A, KEY_B};
+use crate::support::{eventually, mock, Conf, KEY_A, KEY_B};
 
 /// The attacker's request: a long answer (100 000 tokens).
 fn long(stream: bool) -> String {
@@ -21,14 +21,18 @@ fn long(stream: bool) -> String {
     )
 }
 
-const SERVER: &str = "client_write_timeout_ms = 300";
-const POOL: &str = "max_concurrency = 1";
+/// A pool of one slot; a client accepting no bytes for 300 ms is cut.
+fn config(base_url: &str) -> Conf {
+    Conf::new(base_url)
+        .server("client_write_timeout_ms", 300)
+        .upstream("max_concurrency", 1)
+}
 const VICTIM_REQUESTS: usize = 5;
 
 #[tokio::test]
 async fn http1_client_that_never_reads_is_cut_and_the_victim_served() {
     let mock = mock().await;
-    let proxy = proxy(&config(&mock.base_url(), SERVER, POOL, "")).await;
+    let proxy = config(&mock.base_url()).start().await;
     let alone = victim_run(proxy.addr, &mock.stats, KEY_B, VICTIM_REQUESTS, &[])
         .await
         .ok;
@@ -85,7 +89,7 @@ async fn h2_sse_stream_whose_window_stays_shut_is_cut_and_the_victim_served() {
 
 async fn h2_attack(stream: bool) {
     let mock = mock().await;
-    let proxy = proxy(&config(&mock.base_url(), SERVER, POOL, "")).await;
+    let proxy = config(&mock.base_url()).start().await;
     let alone = victim_run(proxy.addr, &mock.stats, KEY_B, VICTIM_REQUESTS, &[])
         .await
         .ok;

@@ -1,9 +1,12 @@
 //! Helpers shared by the end-to-end tests: start the mock upstream and fairgate in-process on
-//! port 0, and talk raw HTTP to them.
+//! port 0 (configs built as values with [`Conf`]), and talk raw HTTP to them.
 #![allow(dead_code)]
 
+pub mod conf;
 pub mod needs;
 pub mod redis_server;
+
+pub use conf::{entry, Conf, With};
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -69,18 +72,8 @@ pub async fn mock_tls(cfg: MockConfig) -> MockServer {
         .expect("TLS mock upstream starts")
 }
 
-/// A config with two tenants (`a`, `b`) and one upstream at `base_url`; `extra_upstream` and
-/// `extra_tenant_b` are appended to the `[[upstreams]]` and tenant `b` tables.
-pub fn config(base_url: &str, server: &str, extra_upstream: &str, extra_tenant_b: &str) -> String {
-    format!(
-        "[server]\nlisten = \"127.0.0.1:0\"\n{server}\n\
-         [[upstreams]]\nname = \"mock\"\nbase_url = \"{base_url}\"\n{extra_upstream}\n\
-         [[tenants]]\nid = \"a\"\napi_keys = [\"{KEY_A}\"]\n\
-         [[tenants]]\nid = \"b\"\napi_keys = [\"{KEY_B}\"]\n{extra_tenant_b}\n"
-    )
-}
-
-/// Starts fairgate on 127.0.0.1:0 with the given TOML.
+/// Starts fairgate on 127.0.0.1:0 with the given TOML text (a test of the text itself; others
+/// build a [`Conf`]).
 pub async fn proxy(toml: &str) -> ServerHandle {
     let config = Config::from_toml_str(toml).expect("valid test config");
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -100,7 +93,7 @@ pub async fn proxy_with_env(toml: &str, env: &[(&str, &str)]) -> ServerHandle {
 /// Starts a mock and a proxy in front of it with the default test config.
 pub async fn pair() -> (MockServer, ServerHandle) {
     let mock = mock().await;
-    let proxy = proxy(&config(&mock.base_url(), "", "", "")).await;
+    let proxy = Conf::new(&mock.base_url()).start().await;
     (mock, proxy)
 }
 
