@@ -131,17 +131,7 @@ impl KeyPauses {
 mod tests {
     use super::*;
 
-    fn h(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
-        pairs
-            .iter()
-            .map(|(k, v)| {
-                (
-                    http::HeaderName::from_static(k),
-                    http::HeaderValue::from_static(v),
-                )
-            })
-            .collect()
-    }
+    use crate::feedback::signals::header_map as h;
 
     #[tokio::test(start_paused = true)]
     async fn a_429_pauses_that_key_and_model_only_for_the_wait_it_names() {

@@ -135,17 +135,21 @@ pub fn parse_go_duration(s: &str) -> Option<Duration> {
     Some(Duration::from_secs_f64(total.min(3600.0)))
 }
 
+/// A header map of static pairs (the feedback tests' answers).
+#[cfg(test)]
+pub(crate) fn header_map(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    for (k, v) in pairs {
+        h.insert(*k, http::HeaderValue::from_static(v));
+    }
+    h
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        for (k, v) in pairs {
-            h.insert(*k, http::HeaderValue::from_static(v));
-        }
-        h
-    }
+    use super::header_map as headers;
 
     #[test]
     fn waits_are_parsed_in_order_of_precision() {

@@ -82,6 +82,18 @@ async fn burst(proxy: SocketAddr, n: usize, delay_ms: u64) -> Vec<u16> {
     out
 }
 
+/// One chat request of tenant a.
+async fn chat_a(proxy: SocketAddr) -> Collected {
+    send(post(
+        proxy,
+        "/v1/chat/completions",
+        Some(KEY_A),
+        &chat("m"),
+        &[],
+    ))
+    .await
+}
+
 fn endpoint_value(metrics: &str, name: &str, endpoint: &str) -> f64 {
     value(
         metrics,
@@ -220,14 +232,7 @@ async fn a_backup_takes_only_the_overflow_and_all_traffic_when_the_primary_dies(
     );
     let proxy = proxy(&toml).await;
     for _ in 0..4 {
-        let r = send(post(
-            proxy.addr,
-            "/v1/chat/completions",
-            Some(KEY_A),
-            &chat("m"),
-            &[],
-        ))
-        .await;
+        let r = chat_a(proxy.addr).await;
         assert_eq!(r.status, 200);
     }
     assert_eq!((primary.stats.requests(), backup.stats.requests()), (4, 0));
@@ -287,14 +292,7 @@ async fn a_dead_endpoint_costs_no_client_error_even_without_retries() {
     .replace("max_retries = 3", "max_retries = 0");
     let proxy = proxy(&toml).await;
     for _ in 0..8 {
-        let r = send(post(
-            proxy.addr,
-            "/v1/chat/completions",
-            Some(KEY_A),
-            &chat("m"),
-            &[],
-        ))
-        .await;
+        let r = chat_a(proxy.addr).await;
         assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     }
     assert_eq!(ok.stats.completed(), 8);

@@ -29,17 +29,7 @@ async fn send(cap: &Arc<PoolCapacity>) -> WireTicket {
     cap.pick("m", 0, Duration::ZERO).await.unwrap()
 }
 
-fn h(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
-    pairs
-        .iter()
-        .map(|(k, v)| {
-            (
-                http::HeaderName::from_static(k),
-                http::HeaderValue::from_static(v),
-            )
-        })
-        .collect()
-}
+use crate::feedback::signals::header_map as h;
 
 #[tokio::test]
 async fn a_refusal_cuts_the_limit_to_the_requests_sent_before_it_still_on_the_wire() {
