@@ -73,6 +73,8 @@ struct Counts {
     ok: AtomicU64,
     refused: AtomicU64,
     failed: AtomicU64,
+    /// The statuses and bodies of the failures (first few).
+    why: std::sync::Mutex<Vec<String>>,
 }
 
 /// `CLIENTS` closed-loop clients against `addr` until `stop`.
@@ -97,16 +99,25 @@ async fn load(addr: SocketAddr, stop: Arc<AtomicBool>, counts: Arc<Counts>) {
                         .body(Full::new(body.clone()))
                         .unwrap();
                     let outcome = async {
-                        let res = client.request(req).await.map_err(|_| ())?;
+                        let res = client.request(req).await.map_err(|e| e.to_string())?;
                         let status = res.status().as_u16();
-                        res.into_body().collect().await.map_err(|_| ())?;
-                        Ok::<u16, ()>(status)
+                        let body = res.into_body().collect().await.map_err(|e| e.to_string())?;
+                        Ok::<(u16, Bytes), String>((status, body.to_bytes()))
                     }
                     .await;
                     match outcome {
-                        Ok(200) => counts.ok.fetch_add(1, Ordering::Relaxed),
-                        Ok(429) => counts.refused.fetch_add(1, Ordering::Relaxed),
-                        _ => counts.failed.fetch_add(1, Ordering::Relaxed),
+                        Ok((200, _)) => counts.ok.fetch_add(1, Ordering::Relaxed),
+                        Ok((429, _)) => counts.refused.fetch_add(1, Ordering::Relaxed),
+                        other => {
+                            let mut why = counts.why.lock().unwrap();
+                            if why.len() < 3 {
+                                why.push(match other {
+                                    Ok((s, b)) => format!("{s} {}", String::from_utf8_lossy(&b)),
+                                    Err(e) => e,
+                                });
+                            }
+                            counts.failed.fetch_add(1, Ordering::Relaxed)
+                        }
                     };
                 }
             })
@@ -127,6 +138,9 @@ async fn phase(addr: SocketAddr, secs: u64) -> (f64, u64, u64) {
     stop.store(true, Ordering::Relaxed);
     run.await.unwrap();
     let took = t0.elapsed().as_secs_f64();
+    for w in counts.why.lock().unwrap().iter() {
+        println!("  failure: {w}");
+    }
     (
         counts.ok.load(Ordering::Relaxed) as f64 / took,
         counts.refused.load(Ordering::Relaxed),

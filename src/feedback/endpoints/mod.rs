@@ -10,8 +10,8 @@
 //!   lowest `priority` level that has one; in it an endpoint due a probe first (one request
 //!   brings it back), else the most free learned capacity × `weight`, then the fewest in
 //!   flight. So a backup takes work only while no endpoint of a lower level can. With none
-//!   free but one merely full: [`NoPick::Busy`] (wait for a release). With every candidate
-//!   paused: the one whose pause ends first (the request was dispatched: it is sent, as a
+//!   free but one full: [`NoPick::Busy`] (wait for a release). With every candidate paused and
+//!   none full: the one whose pause ends first (the request was dispatched: it is sent, as a
 //!   single pool's would be).
 //! - **Learning** ([`Balancer::observe`]): an endpoint's 429/503 cut *its* limit to the
 //!   requests sent to it before the refused one and still on its wire, and a second one in
@@ -307,7 +307,8 @@ impl Balancer {
             let free = limit.saturating_sub(e.in_flight);
             let until = e.paused_until(model, now);
             if free == 0 {
-                busy |= until.is_zero();
+                // Full (paused or not): a slot frees when one of its requests ends.
+                busy = true;
                 continue;
             }
             if !until.is_zero() {
