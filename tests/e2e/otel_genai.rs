@@ -45,9 +45,11 @@ const ERR_TRACE: &str = "33333333333333333333333333333333";
 async fn spans_carry_the_genai_attributes_and_the_providers_usage() {
     let (collector, got) = receiver().await;
     let mock = mock().await;
-    let toml = config(&mock.base_url(), "", "", "")
-        + &format!("[otel]\nendpoint = \"http://{collector}\"\nexport_interval_ms = 20\n");
-    let proxy = proxy(&toml).await;
+    let proxy = Conf::new(&mock.base_url())
+        .set("otel.endpoint", format!("http://{collector}"))
+        .set("otel.export_interval_ms", 20)
+        .start()
+        .await;
     let json = send(post(
         proxy.addr,
         "/v1/chat/completions",
@@ -168,7 +170,7 @@ async fn the_standard_otel_variables_start_the_export_and_the_config_wins() {
         ("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=test"),
         ("OTEL_BSP_SCHEDULE_DELAY", "20"),
     ];
-    let proxy = proxy_with_env(&config(&mock.base_url(), "", "", ""), &env).await;
+    let proxy = Conf::new(&mock.base_url()).start_with_env(&env).await;
     let r = send(post(
         proxy.addr,
         "/v1/chat/completions",
@@ -193,9 +195,11 @@ async fn the_standard_otel_variables_start_the_export_and_the_config_wins() {
 
     // [otel] service_name wins over OTEL_SERVICE_NAME.
     let (collector2, got2) = receiver().await;
-    let toml = config(&mock.base_url(), "", "", "")
-        + &format!("[otel]\nendpoint = \"http://{collector2}\"\nservice_name = \"from-config\"\n");
-    let proxy = proxy_with_env(&toml, &env).await;
+    let proxy = Conf::new(&mock.base_url())
+        .set("otel.endpoint", format!("http://{collector2}"))
+        .set("otel.service_name", "from-config")
+        .start_with_env(&env)
+        .await;
     let r = send(post(
         proxy.addr,
         "/v1/chat/completions",
@@ -221,11 +225,12 @@ async fn the_standard_otel_variables_start_the_export_and_the_config_wins() {
 async fn a_zero_sample_ratio_exports_only_the_traces_a_client_sampled() {
     let (collector, got) = receiver().await;
     let mock = mock().await;
-    let toml = config(&mock.base_url(), "", "", "")
-        + &format!(
-            "[otel]\nendpoint = \"http://{collector}\"\nexport_interval_ms = 20\nsample_ratio = 0.0\n"
-        );
-    let proxy = proxy(&toml).await;
+    let proxy = Conf::new(&mock.base_url())
+        .set("otel.endpoint", format!("http://{collector}"))
+        .set("otel.export_interval_ms", 20)
+        .set("otel.sample_ratio", 0.0)
+        .start()
+        .await;
     for _ in 0..3 {
         let r = send(post(
             proxy.addr,
