@@ -20,7 +20,7 @@ pub use cidr::Cidr;
 pub use cluster::ClusterConfig;
 pub use endpoints::{EndpointConfig, HealthConfig, DEFAULT_ENDPOINT_CONCURRENCY};
 pub use observe::{AdminConfig, HistogramLabels, LogConfig, LogFormat, MetricsConfig};
-pub use otel::OtelConfig;
+pub use otel::{is_url as is_otel_url, OtelConfig};
 pub use schema::*;
 pub use validate::validate;
 

@@ -23,7 +23,7 @@ use std::sync::{Arc, OnceLock};
 use tokio::time::Instant;
 
 use crate::error::Error;
-pub use outcome::{Admitted, BucketState, Deadline, Dispatch, RateState, Usage};
+pub use outcome::{Admitted, BucketState, Deadline, Dispatch, RateState, ResponseMeta, Usage};
 pub use request::{Endpoint, Estimate, Input, Parsed, Route};
 pub use tenant::{Identity, OwnKeys, ProviderKey, Tenant};
 pub use trace::{Trace, TRACEPARENT};
@@ -73,6 +73,12 @@ pub struct Context {
     /// The response stream was ended by fairgate for this reason (`stream_budget`: the tenant's
     /// `max_stream_output_tokens` or remaining token budget was passed). Writer: `usage`.
     cut: OnceLock<&'static str>,
+    /// The request's spans are recorded and exported (the sampler's decision, made once the
+    /// tenant is known; false without `[otel]`). Writer: `metrics`.
+    recorded: AtomicBool,
+    /// What the provider's answer said about itself (id, model, finish reasons), read only for
+    /// recorded requests. Writer: `usage`.
+    response: OnceLock<ResponseMeta>,
 }
 
 /// The client connection's peer address, put in each request's extensions by the connection
@@ -177,6 +183,8 @@ impl Ctx {
             usage: OnceLock::new(),
             stalled: AtomicBool::new(false),
             cut: OnceLock::new(),
+            recorded: AtomicBool::new(false),
+            response: OnceLock::new(),
         }))
     }
 }
@@ -370,6 +378,26 @@ impl Context {
     /// Writer: `usage`.
     pub fn set_usage(&self, v: Usage) {
         set(&self.usage, v, "usage");
+    }
+
+    /// Whether the request's spans are recorded (see the field).
+    pub fn recorded(&self) -> bool {
+        self.recorded.load(Ordering::Relaxed)
+    }
+
+    /// Writer: `metrics` (the sampler's decision).
+    pub fn set_recorded(&self, on: bool) {
+        self.recorded.store(on, Ordering::Relaxed);
+    }
+
+    /// What the provider's answer said about itself, when read (recorded requests).
+    pub fn response(&self) -> Option<&ResponseMeta> {
+        self.response.get()
+    }
+
+    /// Writer: `usage`.
+    pub fn set_response(&self, v: ResponseMeta) {
+        set(&self.response, v, "response");
     }
 }
 

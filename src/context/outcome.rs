@@ -79,3 +79,23 @@ pub struct Usage {
     /// `decode`, `truncated`, `malformed`, `too_large` or `missing`. `None` when it was read.
     pub unread: Option<&'static str>,
 }
+
+/// What a provider's answer said about itself (OpenTelemetry's `gen_ai.response.*`): read
+/// from the JSON body or the SSE events only when the request's spans are recorded.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ResponseMeta {
+    /// `id` (`chatcmpl-…`, `resp_…`), at most [`ResponseMeta::MAX_LEN`] bytes.
+    pub id: Option<String>,
+    /// `model`: the model that answered, at most [`ResponseMeta::MAX_LEN`] bytes.
+    pub model: Option<String>,
+    /// Each choice's `finish_reason` (a Responses API answer: its status), at most
+    /// [`ResponseMeta::MAX_REASONS`].
+    pub finish_reasons: Vec<String>,
+}
+
+impl ResponseMeta {
+    /// Longest id or model kept (bytes; cut on a character boundary).
+    pub const MAX_LEN: usize = 128;
+    /// Finish reasons kept at most.
+    pub const MAX_REASONS: usize = 16;
+}

@@ -48,15 +48,22 @@ impl Trace {
         }
     }
 
-    /// The `traceparent` the provider is sent: this trace, the upstream span as its parent.
-    pub fn upstream_header(&self) -> http::HeaderValue {
+    /// The `traceparent` the provider is sent: this trace, the upstream span as its parent,
+    /// sampled when fairgate records the request (`recorded`: the sampler's decision).
+    pub fn upstream_header(&self, recorded: bool) -> http::HeaderValue {
         let s = format!(
             "00-{}-{}-{}",
             hex::encode(self.trace_id),
             hex::encode(self.upstream_span),
-            if self.sampled { "01" } else { "00" }
+            if recorded { "01" } else { "00" }
         );
         http::HeaderValue::try_from(s).expect("hex is a valid header value")
+    }
+
+    /// The trace id in hex (the log line's `trace_id`), without allocating.
+    pub fn trace_id_hex<'b>(&self, buf: &'b mut [u8; 32]) -> &'b str {
+        hex::encode_to_slice(self.trace_id, buf).expect("32 hex digits for 16 bytes");
+        std::str::from_utf8(buf).expect("hex is ASCII")
     }
 
     /// Unix time in ns of `at`, given the context started at `started`.
@@ -122,7 +129,7 @@ mod tests {
             Some("00f067aa0ba902b7")
         );
         assert!(t.sampled);
-        let up = t.upstream_header();
+        let up = t.upstream_header(true);
         let up = up.to_str().unwrap();
         assert!(
             up.starts_with("00-4bf92f3577b34da6a3ce929d0e0e4736-"),

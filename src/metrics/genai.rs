@@ -43,6 +43,7 @@ pub const MAX_MODELS: usize = 64;
 struct Series {
     operation: &'static str,
     pool: usize,
+    endpoint: usize,
     model: Box<str>,
     error: Option<&'static str>,
     duration: Histogram,
@@ -53,8 +54,8 @@ struct Series {
 /// The GenAI client metrics of one configuration generation (the registry is shared).
 pub struct GenAi {
     recorder: Arc<PrometheusRecorder>,
-    /// The peer of each pool (by index); `None` when its URL has no host.
-    peers: Vec<Option<Peer>>,
+    /// The peer of each pool's endpoints (by index); `None` when its URL has no host.
+    peers: Vec<Vec<Option<Peer>>>,
     series: Mutex<Vec<Series>>,
 }
 
@@ -64,6 +65,8 @@ pub struct Call<'a> {
     pub endpoint: Endpoint,
     /// The pool it was sent to.
     pub pool: usize,
+    /// The endpoint of the pool that answered (its index).
+    pub endpoint_index: usize,
     /// The request model, as labelled (bounded).
     pub model: &'a str,
     /// Dispatch to the end of the answer.
@@ -82,16 +85,20 @@ impl GenAi {
             peers: config
                 .upstreams
                 .iter()
-                // The pool's first endpoint names its provider.
-                .map(|u| u.endpoints.first().and_then(|e| Peer::of_url(&e.base_url)))
+                .map(|u| {
+                    u.endpoints
+                        .iter()
+                        .map(|e| Peer::of_url(&e.base_url))
+                        .collect()
+                })
                 .collect(),
             series: Mutex::default(),
         }
     }
 
-    /// The peer of pool `pool`.
-    pub fn peer(&self, pool: usize) -> Option<&Peer> {
-        self.peers.get(pool).and_then(Option::as_ref)
+    /// The peer of endpoint `endpoint` of pool `pool`.
+    pub fn peer(&self, pool: usize, endpoint: usize) -> Option<&Peer> {
+        self.peers.get(pool)?.get(endpoint)?.as_ref()
     }
 
     /// Records one finished upstream call.
@@ -101,6 +108,7 @@ impl GenAi {
         let found = series.iter().position(|s| {
             s.operation == operation
                 && s.pool == call.pool
+                && s.endpoint == call.endpoint_index
                 && s.error == call.error
                 && *s.model == *call.model
         });
@@ -119,13 +127,16 @@ impl GenAi {
                 } else {
                     "other"
                 };
-                let again = series
-                    .iter()
-                    .position(|s| here(&s) && s.error == call.error && *s.model == *model);
+                let again = series.iter().position(|s| {
+                    here(&s)
+                        && s.endpoint == call.endpoint_index
+                        && s.error == call.error
+                        && *s.model == *model
+                });
                 match again {
                     Some(i) => i,
                     None => {
-                        let s = self.register(operation, call.pool, model, call.error);
+                        let s = self.register(operation, call, model);
                         series.push(s);
                         series.len() - 1
                     }
@@ -140,18 +151,13 @@ impl GenAi {
         }
     }
 
-    fn register(
-        &self,
-        operation: &'static str,
-        pool: usize,
-        model: &str,
-        error: Option<&'static str>,
-    ) -> Series {
+    fn register(&self, operation: &'static str, call: &Call<'_>, model: &str) -> Series {
+        let (pool, endpoint, error) = (call.pool, call.endpoint_index, call.error);
         let mut labels = vec![
             Label::new("gen_ai_operation_name", operation),
             Label::new("gen_ai_request_model", SharedString::from(model.to_owned())),
         ];
-        if let Some(p) = self.peer(pool) {
+        if let Some(p) = self.peer(pool, endpoint) {
             labels.push(Label::new("gen_ai_provider_name", p.provider));
             labels.push(Label::new(
                 "server_address",
@@ -180,6 +186,7 @@ impl GenAi {
         Series {
             operation,
             pool,
+            endpoint,
             model: model.into(),
             error,
             duration,

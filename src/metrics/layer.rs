@@ -60,6 +60,7 @@ struct Record {
     start: Instant,
     otel: Option<Arc<crate::otel::Exporter>>,
     genai: Arc<super::genai::GenAi>,
+    method: http::Method,
 }
 
 impl Record {
@@ -148,7 +149,13 @@ where
             start: Instant::now(),
             otel: self.metrics.otel().cloned(),
             genai: self.metrics.genai().clone(),
+            method: req.method().clone(),
         };
+        // The sampler decides once, here: the stages below read it (`usage` captures the
+        // answer's id and model, `upstream` sends the sampled flag), the spans need it.
+        if let Some(otel) = &record.otel {
+            record.ctx.set_recorded(otel.sample(record.ctx.trace()));
+        }
         let fut = self.inner.call(req);
         Either::Right(Box::pin(async move {
             let (res, refused, limit) = match fut.await {
@@ -244,6 +251,8 @@ impl Drop for Done {
         }
         // Client-chosen: logged as it is labelled (cut, past the tenant's count `other`).
         let model = model.map(|m| t.model_label(m));
+        // The endpoint of the pool that answered (the first, before any answer).
+        let sent_to = ctx.endpoint().map_or(0, |e| e.index);
         // `error.type`: why fairgate refused or cut it, else the failing status passed on.
         let error = self.refused.or_else(|| {
             (self.status.as_u16() >= 400).then(|| super::genai::status_error(self.status.as_u16()))
@@ -252,6 +261,7 @@ impl Drop for Done {
             r.genai.record(&super::genai::Call {
                 endpoint: e.endpoint,
                 pool: d.pool,
+                endpoint_index: sent_to,
                 model: m,
                 duration: d.at.elapsed(),
                 error,
@@ -269,15 +279,23 @@ impl Drop for Done {
                     model: model.as_deref(),
                     estimated,
                     actual,
+                    endpoint: estimate.map(|e| e.endpoint),
+                    method: &r.method,
+                    error,
+                    peer: dispatch.and_then(|d| r.genai.peer(d.pool, sent_to)),
                 },
             );
         }
         let tenant = ctx.identity_if_known().map(|i| i.tenant.id.as_str());
         let request_id = ctx.request_id().to_str().unwrap_or_default();
         let endpoint = ctx.endpoint();
+        // Joins the line to the request's trace (the client's, continued, or a new one).
+        let mut hex = [0u8; 32];
+        let trace_id = ctx.trace().trace_id_hex(&mut hex);
         tracing::info!(
             target: "fairgate::request",
             request_id,
+            trace_id,
             tenant,
             model,
             endpoint = endpoint.as_ref().map(|e| &*e.name),

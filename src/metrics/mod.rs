@@ -116,8 +116,13 @@ impl std::fmt::Debug for Metrics {
 }
 
 impl Metrics {
-    /// A registry with every configured tenant's series.
+    /// A registry with every configured tenant's series (`OTEL_*` read from the process).
     pub fn new(config: &Config) -> Arc<Self> {
+        Self::with_env(config, &|v| std::env::var(v).ok())
+    }
+
+    /// As [`Metrics::new`], the `OTEL_*` variables read from `env`.
+    pub fn with_env(config: &Config, env: &dyn Fn(&str) -> Option<String>) -> Arc<Self> {
         let builder = PrometheusBuilder::new();
         let with = |b: PrometheusBuilder, name: &str, buckets: &[f64]| {
             b.set_buckets_for_metric(Matcher::Full(name.to_owned()), buckets)
@@ -159,7 +164,7 @@ impl Metrics {
             failed: empty.plain_counter("fairgate_otel_failed_total"),
         };
         let empty = Self {
-            otel: crate::otel::Exporter::new(&config.otel, counters),
+            otel: crate::otel::Exporter::new(&config.otel, env, counters),
             ..empty
         };
         empty.reloaded(config)

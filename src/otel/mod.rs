@@ -1,8 +1,12 @@
-//! OpenTelemetry trace export (`[otel] endpoint`): one span per request (`fairgate.request`,
-//! the child of the client's `traceparent` span when it sent one) with child spans
-//! `fairgate.estimate`, `fairgate.queue` and `fairgate.upstream` (whose id is the parent the
-//! provider is sent in `traceparent`), built from the timestamps the request's context already
-//! holds (`spans`), and exported as OTLP/HTTP JSON (`POST endpoint/v1/traces`).
+//! OpenTelemetry trace export (`[otel] endpoint`, or the standard `OTEL_*` variables:
+//! `settings`): one server span per request, named `{gen_ai.operation.name}
+//! {gen_ai.request.model}` as OpenTelemetry's GenAI conventions name it (the child of the
+//! client's `traceparent` span when it sent one), with child spans `fairgate.estimate`,
+//! `fairgate.queue` and the GenAI client span of the upstream call (same name; its id is the
+//! parent the provider is sent in `traceparent`), built from the timestamps the request's
+//! context already holds (`spans`, attribute names in `semconv`), for the requests the
+//! sampler records (`Sampler`, decided once in the metrics stage), and exported as OTLP/HTTP
+//! JSON (`POST endpoint/v1/traces`).
 //!
 //! What is used: the `opentelemetry` crates' types and encoder — `opentelemetry_sdk`'s
 //! `SpanData`, ids, `Resource`, and `opentelemetry-otlp`'s `SpanExporter` (HTTP, `http-json`,
@@ -29,6 +33,7 @@
 
 mod client;
 pub mod semconv;
+mod settings;
 mod spans;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -45,6 +50,7 @@ use tokio::time::Instant;
 use crate::config::OtelConfig;
 use crate::context::Context;
 pub use client::Client;
+pub use settings::{Sampler, Settings};
 pub use spans::spans;
 
 /// The counters of the exporter (registered by the metrics registry).
@@ -74,6 +80,14 @@ pub struct Ending<'a> {
     pub estimated: Option<u64>,
     /// The reconciled usage, raw tokens.
     pub actual: Option<u64>,
+    /// The GenAI endpoint it was for (`gen_ai.operation.name`), if one.
+    pub endpoint: Option<crate::context::Endpoint>,
+    /// The request's method.
+    pub method: &'a http::Method,
+    /// `error.type`: why fairgate refused or cut it, or the failing status passed on.
+    pub error: Option<&'static str>,
+    /// The server behind the routed pool (`gen_ai.provider.name`, `server.*`).
+    pub peer: Option<&'a semconv::Peer>,
 }
 
 /// The bounded export queue and its loop; see the module docs.
@@ -87,6 +101,7 @@ pub struct Exporter {
         )>,
     >,
     url: String,
+    sampler: Sampler,
     scope: InstrumentationScope,
     max_batch: usize,
     interval: Duration,
@@ -105,12 +120,16 @@ impl std::fmt::Debug for Exporter {
 }
 
 impl Exporter {
-    /// `None` when `[otel] endpoint` is not set (or, validated away, not a URL). The OTLP
-    /// exporter reads `OTEL_EXPORTER_OTLP_HEADERS` / `OTEL_EXPORTER_OTLP_TRACES_HEADERS` (e.g.
-    /// a collector's auth header); the endpoint and timeout are always `[otel]`'s.
-    pub fn new(cfg: &OtelConfig, counters: Counters) -> Option<Arc<Self>> {
-        let endpoint = cfg.endpoint.as_deref()?;
-        let url = format!("{}/v1/traces", endpoint.trim_end_matches('/'));
+    /// `None` when neither `[otel] endpoint` nor the environment names a collector
+    /// ([`Settings::resolve`]). The OTLP exporter reads `OTEL_EXPORTER_OTLP_HEADERS` /
+    /// `OTEL_EXPORTER_OTLP_TRACES_HEADERS` (e.g. a collector's auth header) itself.
+    pub fn new(
+        cfg: &OtelConfig,
+        env: &dyn Fn(&str) -> Option<String>,
+        counters: Counters,
+    ) -> Option<Arc<Self>> {
+        let cfg = Settings::resolve(cfg, env)?;
+        let url = cfg.url.clone();
         let timeout = Duration::from_millis(cfg.timeout_ms);
         let built = opentelemetry_otlp::SpanExporter::builder()
             .with_http()
@@ -130,6 +149,11 @@ impl Exporter {
         otlp.set_resource(
             &Resource::builder_empty()
                 .with_service_name(cfg.service_name.clone())
+                .with_attributes(
+                    cfg.resource
+                        .iter()
+                        .map(|(k, v)| opentelemetry::KeyValue::new(k.clone(), v.clone())),
+                )
                 .build(),
         );
         let (tx, rx) = mpsc::channel(cfg.max_queued);
@@ -137,6 +161,7 @@ impl Exporter {
             tx,
             parts: Mutex::new(Some((rx, otlp))),
             url,
+            sampler: cfg.sampler,
             scope: InstrumentationScope::builder("fairgate")
                 .with_version(env!("CARGO_PKG_VERSION"))
                 .build(),
@@ -149,8 +174,17 @@ impl Exporter {
         }))
     }
 
-    /// Queues the spans of a finished request (never waits: a full queue drops them, counted).
+    /// Whether a request of `trace` is recorded (see [`Sampler`]).
+    pub fn sample(&self, trace: &crate::context::Trace) -> bool {
+        self.sampler.sample(trace)
+    }
+
+    /// Queues the spans of a finished, recorded request (never waits: a full queue drops them,
+    /// counted). An unrecorded request costs nothing here.
     pub fn emit(&self, ctx: &Context, end: &Ending<'_>) {
+        if !ctx.recorded() {
+            return;
+        }
         let spans = spans(ctx, end, &self.scope);
         if spans.is_empty() {
             return;

@@ -27,7 +27,21 @@ fn ending() -> Ending<'static> {
         model: None,
         estimated: None,
         actual: None,
+        endpoint: None,
+        method: &http::Method::POST,
+        error: None,
+        peer: None,
     }
+}
+
+/// The default sampler (parent-based, always on) decides for `ctx`, as the metrics stage does.
+fn sampled(ctx: crate::context::Ctx) -> crate::context::Ctx {
+    let on = Sampler {
+        parent_based: true,
+        ratio: 1.0,
+    };
+    ctx.set_recorded(on.sample(ctx.trace()));
+    ctx
 }
 
 fn scope() -> InstrumentationScope {
@@ -43,7 +57,10 @@ fn attr<'a>(s: &'a SpanData, key: &str) -> Option<&'a Value> {
 
 #[test]
 fn the_request_span_continues_the_client_span_and_names_the_refusal() {
-    let ctx = crate::context::Ctx::with_ids(None, Some(&http::HeaderValue::from_static(CLIENT)));
+    let ctx = sampled(crate::context::Ctx::with_ids(
+        None,
+        Some(&http::HeaderValue::from_static(CLIENT)),
+    ));
     let end = Ending {
         status: 429,
         limit: Some("tenant"),
@@ -51,12 +68,21 @@ fn the_request_span_continues_the_client_span_and_names_the_refusal() {
         model: Some("gpt-4o-mini"),
         estimated: Some(42),
         actual: Some(7),
+        endpoint: Some(crate::context::Endpoint::Chat),
+        error: Some("rate_limited"),
         ..ending()
     };
     let spans = spans(&ctx, &end, &scope());
     assert_eq!(spans.len(), 1, "no stage reached: the request span only");
     let r = &spans[0];
-    assert_eq!(r.name, "fairgate.request");
+    assert_eq!(r.name, "chat gpt-4o-mini");
+    assert_eq!(attr(r, "gen_ai.operation.name"), Some(&Value::from("chat")));
+    assert_eq!(
+        attr(r, "gen_ai.provider.name"),
+        Some(&Value::from("openai"))
+    );
+    assert_eq!(attr(r, "error.type"), Some(&Value::from("rate_limited")));
+    assert_eq!(attr(r, "http.request.method"), Some(&Value::from("POST")));
     assert_eq!(r.span_kind, SpanKind::Server);
     assert_eq!(
         r.span_context.trace_id(),
@@ -82,15 +108,16 @@ fn the_request_span_continues_the_client_span_and_names_the_refusal() {
 
 #[test]
 fn an_unsampled_client_trace_is_not_exported() {
-    let ctx = crate::context::Ctx::with_ids(
+    let ctx = sampled(crate::context::Ctx::with_ids(
         None,
         Some(&http::HeaderValue::from_static(
             "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00",
         )),
-    );
+    ));
     assert!(spans(&ctx, &ending(), &scope()).is_empty());
-    let sampled = crate::context::Ctx::new();
-    let s = spans(&sampled, &ending(), &scope());
+    let new = sampled(crate::context::Ctx::new());
+    let s = spans(&new, &ending(), &scope());
+    assert_eq!(s[0].name, "POST", "no GenAI endpoint: the method");
     assert_eq!(s.len(), 1);
     assert_eq!(s[0].parent_span_id, SpanId::INVALID);
     assert!(!s[0].parent_span_is_remote);
@@ -101,11 +128,12 @@ fn an_unsampled_client_trace_is_not_exported() {
 async fn a_full_queue_drops_and_counts_instead_of_waiting() {
     let cfg = OtelConfig {
         endpoint: Some("http://127.0.0.1:9".into()),
-        max_queued: 2,
+        max_queued: Some(2),
         ..OtelConfig::default()
     };
-    let x = Exporter::new(&cfg, counters()).unwrap();
+    let x = Exporter::new(&cfg, &|_| None, counters()).unwrap();
     let ctx = crate::context::Ctx::new();
+    ctx.set_recorded(true);
     // Nothing exports (the loop is not running): 2 queued, 3 dropped.
     for _ in 0..5 {
         x.emit(&ctx, &ending());

@@ -132,7 +132,7 @@ impl State {
     /// As [`State::new`], reading `*_env` variables from `env`.
     pub fn with_env(config: Config, env_source: Env) -> Result<Self, ConfigError> {
         let env = |var: &str| env_source.get(var);
-        let metrics = Metrics::new(&config);
+        let metrics = Metrics::with_env(&config, &env);
         let tenants = Arc::new(
             Directory::from_config(&config, env)?
                 .count_untrusted_on(metrics.plain_counter(UNTRUSTED_HEADER)),

@@ -339,9 +339,10 @@ impl tower::Service<Request<Bytes>> for Service {
             parts.headers.insert(name, value);
         }
         if self.propagate_trace {
-            parts
-                .headers
-                .insert(crate::context::TRACEPARENT, ctx.trace().upstream_header());
+            parts.headers.insert(
+                crate::context::TRACEPARENT,
+                ctx.trace().upstream_header(ctx.recorded()),
+            );
         }
         let mut out = Request::new(Full::new(body));
         *out.method_mut() = parts.method;

@@ -108,6 +108,8 @@ pub struct Tally {
     pub extra_bytes: u64,
     /// JSON documents that did not parse.
     pub malformed: u64,
+    /// The answer's id, model and finish reasons, read only when asked for (recorded requests).
+    pub meta: Option<Box<super::meta::Collector>>,
     max_text: usize,
 }
 
@@ -119,6 +121,7 @@ impl Tally {
             text: String::new(),
             extra_bytes: 0,
             malformed: 0,
+            meta: None,
             max_text,
         }
     }
@@ -141,6 +144,9 @@ impl Tally {
     /// gives the output tokens is read for that alone (its text is never needed: counting is
     /// the fallback when usage lacks them); any other body is observed in full, once.
     pub fn observe_body(&mut self, json: &[u8]) -> Seen {
+        if let Some(m) = &mut self.meta {
+            m.see(json);
+        }
         let usage = usage_from_end(json);
         if let Some(u) = usage.filter(|u| u.completion_tokens.is_some()) {
             self.usage = Some(u);
@@ -149,11 +155,18 @@ impl Tally {
                 usage_only: false,
             };
         }
-        self.observe(json)
+        self.observe_doc(json)
     }
 
     /// Observes one JSON document.
     pub fn observe(&mut self, json: &[u8]) -> Seen {
+        if let Some(m) = &mut self.meta {
+            m.see(json);
+        }
+        self.observe_doc(json)
+    }
+
+    fn observe_doc(&mut self, json: &[u8]) -> Seen {
         let Ok(doc) = serde_json::from_slice::<Doc<'_>>(json) else {
             self.malformed += 1;
             return Seen::default();

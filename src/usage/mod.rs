@@ -28,6 +28,7 @@
 
 pub mod decode;
 pub mod extract;
+pub mod meta;
 mod observe;
 pub mod sse;
 

@@ -183,6 +183,13 @@ impl Observer {
         // A coded stream cannot be edited: its usage chunk then stays.
         let strip = sse && estimate.strip_usage && identity;
         let max_text = estimator.config().max_exact_bytes;
+        // The answer's id, model and finish reasons: only for a request whose spans are recorded.
+        let recorded = ctx.recorded();
+        let tally = move || {
+            let mut t = Tally::new(max_text);
+            t.meta = recorded.then(Box::default);
+            t
+        };
         let plain = || Plain {
             mode: if sse {
                 Mode::Sse(Scanner::new(strip))
@@ -193,7 +200,7 @@ impl Observer {
                     over: false,
                 }
             },
-            tally: Tally::new(max_text),
+            tally: tally(),
             strip,
         };
         let (feed, lost) = match coding {
@@ -314,6 +321,9 @@ impl Observer {
         } else {
             Some("missing")
         };
+        if let Some(meta) = tally.meta.take() {
+            l.ctx.set_response(meta.finish());
+        }
         let text = std::mem::take(&mut tally.text);
         let extra = tally.extra_bytes;
         let big = usage.is_none() && text.len() > INLINE_MAX_BYTES;

@@ -43,6 +43,7 @@ mod metrics_scale;
 mod mock_profiles;
 mod openai_client;
 mod otel;
+mod otel_genai;
 mod reload;
 mod serve;
 mod stream_budget;

@@ -293,12 +293,14 @@ async fn one_json_log_line_per_request_without_key_or_prompt() {
         .start()
         .await;
     let prompt = "the-secret-prompt-xyzzy";
+    let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let traceparent = format!("00-{trace}-00f067aa0ba902b7-01");
     let r = send(post(
         proxy.addr,
         "/v1/chat/completions",
         Some("key-a"),
         &body(prompt),
-        &[],
+        &[("traceparent", &traceparent)],
     ))
     .await;
     assert_eq!(r.status, 200);
@@ -350,7 +352,14 @@ async fn one_json_log_line_per_request_without_key_or_prompt() {
     assert!(ok["actual_tokens"].as_u64().unwrap() > 0);
     assert!(ok["queue_ms"].is_u64());
     assert!(ok["upstream_ms"].is_u64());
+    // The line joins the request's trace: the client's, continued.
+    assert_eq!(ok["trace_id"], trace);
     let refused = &lines[1];
+    assert_eq!(
+        refused["trace_id"].as_str().map(str::len),
+        Some(32),
+        "a new trace's id"
+    );
     assert_eq!(refused["status"], 400);
     assert_eq!(refused["refused"], "output_too_large");
     for secret in [prompt, "key-a", "wrong-key-xyzzy", "Bearer"] {

@@ -2,11 +2,12 @@
 //! started here (a small hyper server on 127.0.0.1:0 collecting `POST /v1/traces` bodies), in
 //! front of the mock upstream.
 //!
-//! (a) a request carrying the client's `traceparent` is reported as a `fairgate.request` span
-//! of that trace whose parent is the client's span, with children `fairgate.estimate`,
-//! `fairgate.queue` and `fairgate.upstream`, and attributes tenant, model, estimated and actual
-//! tokens; the provider is sent a `traceparent` of the same trace whose parent is the
-//! `fairgate.upstream` span; (b) a request refused by the tenant's rate limit carries
+//! (a) a request carrying the client's `traceparent` is reported as a server span named
+//! `chat gpt-4o-mini` (OpenTelemetry's GenAI `{operation} {model}`) of that trace whose parent
+//! is the client's span, with children `fairgate.estimate`, `fairgate.queue` and the GenAI
+//! client span of the upstream call (the same name, kind CLIENT), and attributes tenant, model,
+//! estimated and actual tokens; the provider is sent a `traceparent` of the same trace whose
+//! parent is the client span; (b) a request refused by the tenant's rate limit carries
 //! `fairgate.limit = tenant`; (c) no exported byte holds a key or the prompt. Loops are bounded;
 //! no assertion is on wall-clock time.
 
@@ -27,8 +28,14 @@ const CLIENT_SPAN: &str = "00f067aa0ba902b7";
 const TRACE_B: &str = "0af7651916cd43dd8448eb211c80319c";
 const PROMPT: &str = "PROMPT-NEVER-EXPORTED-91";
 
+/// The GenAI span name of the test's requests (server and client spans alike).
+pub(crate) const NAME: &str = "chat gpt-4o-mini";
+/// OTLP's span kinds.
+pub(crate) const SERVER: u64 = 2;
+pub(crate) const CLIENT_KIND: u64 = 3;
+
 /// An OTLP/HTTP receiver: every body POSTed to `/v1/traces`, as JSON.
-async fn receiver() -> (SocketAddr, Arc<Mutex<Vec<Value>>>) {
+pub(crate) async fn receiver() -> (SocketAddr, Arc<Mutex<Vec<Value>>>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let got: Arc<Mutex<Vec<Value>>> = Arc::default();
@@ -70,7 +77,7 @@ async fn receiver() -> (SocketAddr, Arc<Mutex<Vec<Value>>>) {
 }
 
 /// Every span received so far.
-fn spans(got: &Mutex<Vec<Value>>) -> Vec<Value> {
+pub(crate) fn spans(got: &Mutex<Vec<Value>>) -> Vec<Value> {
     got.lock()
         .unwrap()
         .iter()
@@ -87,7 +94,7 @@ fn spans(got: &Mutex<Vec<Value>>) -> Vec<Value> {
         .collect()
 }
 
-fn attr<'a>(span: &'a Value, key: &str) -> Option<&'a Value> {
+pub(crate) fn attr<'a>(span: &'a Value, key: &str) -> Option<&'a Value> {
     span["attributes"]
         .as_array()?
         .iter()
@@ -95,14 +102,25 @@ fn attr<'a>(span: &'a Value, key: &str) -> Option<&'a Value> {
         .map(|a| &a["value"])
 }
 
-fn int(span: &Value, key: &str) -> Option<u64> {
+pub(crate) fn int(span: &Value, key: &str) -> Option<u64> {
     attr(span, key)?["intValue"].as_str()?.parse().ok()
 }
 
-fn find<'a>(spans: &'a [Value], trace: &str, name: &str) -> Option<&'a Value> {
+/// The span of `trace` named `name`; for the GenAI name, the server span (the request).
+pub(crate) fn find<'a>(spans: &'a [Value], trace: &str, name: &str) -> Option<&'a Value> {
+    find_kind(spans, trace, name, if name == NAME { SERVER } else { 1 })
+}
+
+/// The span of `trace` named `name` of OTLP kind `kind` (1 internal, 2 server, 3 client).
+pub(crate) fn find_kind<'a>(
+    spans: &'a [Value],
+    trace: &str,
+    name: &str,
+    kind: u64,
+) -> Option<&'a Value> {
     spans
         .iter()
-        .find(|s| s["traceId"] == trace && s["name"] == name)
+        .find(|s| s["traceId"] == trace && s["name"] == name && s["kind"] == kind)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -149,18 +167,16 @@ async fn spans_continue_the_client_trace_and_reach_the_collector() {
     for _ in 0..500 {
         all = spans(&got);
         let refused = all.iter().any(|s| {
-            s["traceId"] == TRACE_B
-                && s["name"] == "fairgate.request"
-                && attr(s, "fairgate.limit").is_some()
+            s["traceId"] == TRACE_B && s["kind"] == SERVER && attr(s, "fairgate.limit").is_some()
         });
-        if find(&all, TRACE, "fairgate.request").is_some() && refused {
+        if find(&all, TRACE, NAME).is_some() && refused {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 
     // (a) The request span: the client's trace, the client's span as parent.
-    let root = find(&all, TRACE, "fairgate.request").expect("request span exported");
+    let root = find(&all, TRACE, NAME).expect("request span exported");
     assert_eq!(root["parentSpanId"], CLIENT_SPAN);
     assert_eq!(root["kind"], 2);
     assert_eq!(attr(root, "fairgate.tenant").unwrap()["stringValue"], "a");
@@ -186,8 +202,12 @@ async fn spans_continue_the_client_trace_and_reach_the_collector() {
             .unwrap(),
     );
     assert!(start > 0 && start <= end);
-    for name in ["fairgate.estimate", "fairgate.queue", "fairgate.upstream"] {
-        let child = find(&all, TRACE, name).unwrap_or_else(|| panic!("{name} exported"));
+    for (name, kind) in [
+        ("fairgate.estimate", 1),
+        ("fairgate.queue", 1),
+        (NAME, CLIENT_KIND),
+    ] {
+        let child = find_kind(&all, TRACE, name, kind).unwrap_or_else(|| panic!("{name} exported"));
         assert_eq!(child["parentSpanId"], root_id, "{name}");
         let s: u64 = child["startTimeUnixNano"]
             .as_str()
@@ -201,7 +221,7 @@ async fn spans_continue_the_client_trace_and_reach_the_collector() {
         );
     }
     // The provider saw this trace, its parent being the upstream span.
-    let upstream = find(&all, TRACE, "fairgate.upstream").unwrap();
+    let upstream = find_kind(&all, TRACE, NAME, CLIENT_KIND).unwrap();
     let sent = mock.stats.seen_headers()[0]["traceparent"]
         .to_str()
         .unwrap()
@@ -228,7 +248,7 @@ async fn spans_continue_the_client_trace_and_reach_the_collector() {
         .iter()
         .find(|s| {
             s["traceId"] == TRACE_B
-                && s["name"] == "fairgate.request"
+                && s["kind"] == SERVER
                 && int(s, "http.response.status_code") == Some(429)
         })
         .expect("the refused request's span");
