@@ -303,6 +303,10 @@ where
             pools: state.pools.clone(),
             observer: state.metrics.clone(),
         })
+        // Which of the provider's answer headers reach the tenant (an allowlist: never the
+        // operator's organization, project, cookies or the shared key's x-ratelimit-*): right
+        // above feedback, which reads them all, so it applies to the answer finally passed on.
+        .layer(upstream::answer::Layer)
         // Upstream feedback and retries, inside the permit: every answer teaches the pool's
         // learned capacity, and a 429/502/503 with nothing yet sent to the client is retried
         // while the request keeps its slot (so a retry never jumps the fair queue).

@@ -94,6 +94,18 @@ pub fn for_upstream(
     }
 }
 
+/// Removes every `x-fairgate-*` header (of a provider's answer: only fairgate writes those).
+pub fn strip_ours(headers: &mut HeaderMap) {
+    let ours: Vec<HeaderName> = headers
+        .keys()
+        .filter(|k| k.as_str().starts_with("x-fairgate-"))
+        .cloned()
+        .collect();
+    for k in ours {
+        headers.remove(k);
+    }
+}
+
 /// A sensitive `Bearer <key>` header value.
 pub fn bearer(key: &str) -> Option<HeaderValue> {
     let mut v = HeaderValue::try_from(format!("Bearer {key}")).ok()?;

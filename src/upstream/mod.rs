@@ -2,13 +2,17 @@
 //! answer back.
 //!
 //! `/v1/X?q` goes to `base_url + /X?q`. Headers are cleaned by [`headers::for_upstream`]; the
-//! `authorization` sent is the tenant's own provider key, else the upstream's, else none.
+//! `authorization` sent is the tenant's own provider key, else the upstream's, else none; an
+//! answer to the tenant's own key is marked [`answer::OwnKey`], and the provider's `x-fairgate-*`
+//! headers are removed (only fairgate writes those). Which of the answer's headers reach the
+//! tenant is [`answer`]'s rule, applied above `feedback`.
 //! Invariants: the tenant's key never goes upstream; the response body is never collected — it
 //! is [`ResponseBody::upstream`], polled only as fast as the client reads, and dropping it
 //! cancels the upstream request; connect failure → 502 (503 with `Retry-After` when fairgate
 //! is out of file descriptors), no response head within
 //! `first_byte_timeout_ms` → 504, an upstream error status is passed through untouched.
 
+pub mod answer;
 mod endpoint;
 pub mod headers;
 mod tls;
@@ -324,6 +328,7 @@ impl tower::Service<Request<Bytes>> for Service {
             }
         }
         let own = identity.tenant.upstream_keys.for_endpoint(&endpoint.name);
+        let own_key = own.is_some();
         let auth = endpoint.auth(own.map(|k| k.expose()));
         headers::for_upstream(
             &mut parts.headers,
@@ -378,6 +383,10 @@ impl tower::Service<Request<Bytes>> for Service {
             };
             let (mut head, body) = res.into_parts();
             headers::strip_hop_by_hop(&mut head.headers);
+            headers::strip_ours(&mut head.headers);
+            if own_key {
+                head.extensions.insert(answer::OwnKey);
+            }
             // The provider's id of an answer that is not retried (a retried attempt's answer is
             // dropped unread, so its id would name nothing the client saw).
             let retryable = matches!(head.status.as_u16(), 429 | 502 | 503);

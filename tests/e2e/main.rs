@@ -21,6 +21,7 @@ mod support;
 mod accounting;
 mod admin;
 mod admission;
+mod answer_headers;
 mod backpressure;
 mod caps;
 mod cli;

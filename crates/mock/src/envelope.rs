@@ -2,6 +2,10 @@
 //! providers put on every API answer (OpenAI, Groq; per model in `rough`) and, in the `openai`
 //! profile, the response compression its edge applies when the client accepts it.
 //!
+//! The `openai` profile also sends what api.openai.com puts on every API answer about the
+//! account and its edge (`account_headers`): the organization and project of the key, its
+//! processing time, Cloudflare's `__cf_bm` cookie, `server`, `cf-ray`, HSTS, `alt-svc`.
+//!
 //! Invariants:
 //! - Only `/v1/…` answers carry rate-limit headers and charge the buckets (one request, plus the
 //!   prompt and output tokens of a served completion); `/healthz` is left alone.
@@ -54,6 +58,7 @@ where
                 "x-request-id",
                 id.parse().expect("hex is a valid header value"),
             );
+            account_headers(h);
         }
         // A 429 said it has no request left; the buckets (which never refuse) must not contradict.
         if let Some(zero) = refused {
@@ -72,4 +77,30 @@ where
         }
     }
     Ok(resp)
+}
+
+/// The account and edge headers api.openai.com sends on every API answer (the values are the
+/// mock's own; a proxy must not pass the account's or the cookie to its tenants).
+fn account_headers(h: &mut http::HeaderMap) {
+    for (name, value) in [
+        ("openai-organization", "org-mock-operator"),
+        ("openai-project", "proj_mock_operator"),
+        ("openai-processing-ms", "12"),
+        ("openai-version", "2020-10-01"),
+        ("server", "cloudflare"),
+        ("cf-ray", "8e0c2f0a1b2c3d4e-IAD"),
+        ("cf-cache-status", "DYNAMIC"),
+        ("strict-transport-security", "max-age=31536000; includeSubDomains; preload"),
+        ("alt-svc", "h3=\":443\"; ma=86400"),
+        ("access-control-expose-headers", "X-Request-ID"),
+        ("x-content-type-options", "nosniff"),
+    ] {
+        h.insert(name, HeaderValue::from_static(value));
+    }
+    for cookie in [
+        "__cf_bm=mock.cookie.value; path=/; expires=Wed, 02-Dec-2026 01:00:00 GMT; domain=.api.openai.com; HttpOnly; Secure; SameSite=None",
+        "_cfuvid=mock.visitor; path=/; domain=.api.openai.com; HttpOnly; Secure; SameSite=None",
+    ] {
+        h.append(http::header::SET_COOKIE, HeaderValue::from_static(cookie));
+    }
 }
