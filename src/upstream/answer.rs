@@ -184,7 +184,12 @@ mod tests {
         let names = left(true);
         assert!(names.contains(&"x-ratelimit-limit-requests".to_owned()));
         assert!(names.contains(&"x-ratelimit-remaining-tokens".to_owned()));
-        for never in ["openai-organization", "openai-project", "set-cookie", "server"] {
+        for never in [
+            "openai-organization",
+            "openai-project",
+            "set-cookie",
+            "server",
+        ] {
             assert!(!names.contains(&never.to_owned()), "{never}");
         }
     }

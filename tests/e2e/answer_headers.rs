@@ -36,9 +36,7 @@ fn assert_isolated(r: &Collected, what: &str) {
 }
 
 fn ratelimit(r: &Collected, name: &str) -> Option<String> {
-    r.headers
-        .get(name)
-        .map(|v| v.to_str().unwrap().to_owned())
+    r.headers.get(name).map(|v| v.to_str().unwrap().to_owned())
 }
 
 #[tokio::test]
@@ -52,15 +50,28 @@ async fn the_operators_account_headers_cookies_and_shared_limits_never_reach_a_t
         .tenant("c", "upstream_api_key_env", "PATH")
         .start()
         .await;
-    let stream = r#"{"model":"gpt-4o-mini","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    let stream =
+        r#"{"model":"gpt-4o-mini","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
     let json = chat("gpt-4o-mini");
     for (body, extra, status, what) in [
         (json.as_str(), &[][..], 200, "json"),
         (stream, &[][..], 200, "sse"),
         (json.as_str(), &[("x-mock-status", "429")][..], 429, "429"),
     ] {
-        let send_as = |key| send(post(proxy.addr, "/v1/chat/completions", Some(key), body, extra));
-        let (a, b, c) = (send_as(KEY_A).await, send_as(KEY_B).await, send_as(KEY_C).await);
+        let send_as = |key| {
+            send(post(
+                proxy.addr,
+                "/v1/chat/completions",
+                Some(key),
+                body,
+                extra,
+            ))
+        };
+        let (a, b, c) = (
+            send_as(KEY_A).await,
+            send_as(KEY_B).await,
+            send_as(KEY_C).await,
+        );
         for (r, who) in [(&a, "a"), (&b, "b"), (&c, "c")] {
             assert_eq!(r.status, status, "{what} {who}: {:?}", r.body);
             assert_isolated(r, &format!("{what} {who}"));
@@ -74,7 +85,9 @@ async fn the_operators_account_headers_cookies_and_shared_limits_never_reach_a_t
         // a: on the pool's key, no limits of its own: no x-ratelimit-* at all (the shared
         // key's budget is the operator's).
         assert!(
-            !a.headers.keys().any(|k| k.as_str().starts_with("x-ratelimit-")),
+            !a.headers
+                .keys()
+                .any(|k| k.as_str().starts_with("x-ratelimit-")),
             "{what}: the shared key's limits reached a: {:?}",
             a.headers
         );
@@ -84,7 +97,10 @@ async fn the_operators_account_headers_cookies_and_shared_limits_never_reach_a_t
             Some("1000"),
             "{what}"
         );
-        assert!(ratelimit(&b, "x-ratelimit-limit-tokens").is_none(), "{what}");
+        assert!(
+            ratelimit(&b, "x-ratelimit-limit-tokens").is_none(),
+            "{what}"
+        );
         // c: on its own provider key, that key's headers.
         assert!(
             ratelimit(&c, "x-ratelimit-remaining-tokens").is_some(),

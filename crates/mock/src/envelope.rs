@@ -90,7 +90,10 @@ fn account_headers(h: &mut http::HeaderMap) {
         ("server", "cloudflare"),
         ("cf-ray", "8e0c2f0a1b2c3d4e-IAD"),
         ("cf-cache-status", "DYNAMIC"),
-        ("strict-transport-security", "max-age=31536000; includeSubDomains; preload"),
+        (
+            "strict-transport-security",
+            "max-age=31536000; includeSubDomains; preload",
+        ),
         ("alt-svc", "h3=\":443\"; ma=86400"),
         ("access-control-expose-headers", "X-Request-ID"),
         ("x-content-type-options", "nosniff"),
