@@ -23,7 +23,7 @@ mod jobs;
 mod layer;
 pub mod live;
 mod process;
-mod scrape;
+pub mod scrape;
 mod tenant;
 
 use std::collections::HashMap;

@@ -257,8 +257,9 @@ where
         // Before authentication: probes carry no key, and must not cost a body read.
         .layer(health::Layer(state.ready.clone()))
         // `/metrics` and the admin API, also before authentication (a scraper carries no tenant
-        // key; the admin API has its own token), unless they have their own listener.
-        .option_layer(on_main.then(|| ops::scrape(state)))
+        // key; the admin API has its own token), unless they have their own listener. Here,
+        // where tenants connect, a scrape needs the admin token or a trusted peer.
+        .option_layer(on_main.then(|| ops::scrape(state, true)))
         .option_layer(on_main.then(|| ops::admin(state)))
         // Who is calling, before reading a byte of the body: unknown callers cost a header hash.
         .layer(tenant::Layer(state.tenants.clone()))

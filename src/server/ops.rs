@@ -21,12 +21,24 @@ use crate::admin::OpsError;
 use crate::response::ResponseBody;
 use crate::{admin, metrics, render};
 
-/// The `/metrics` layer of `state`.
-pub(super) fn scrape(state: &State) -> metrics::Scrape {
+/// The `/metrics` layer of `state`; `on_main`: on the main listener, where tenants connect, so
+/// only the admin token's bearer or a trusted peer may scrape.
+pub(super) fn scrape(state: &State, on_main: bool) -> metrics::Scrape {
+    let guard = on_main.then(|| metrics::scrape::Guard {
+        token: state.admin_token.clone(),
+        trusted: state
+            .config
+            .server
+            .trusted_sources
+            .iter()
+            .filter_map(|s| crate::config::Cidr::parse(s))
+            .collect(),
+    });
     metrics::Scrape {
         metrics: state.metrics.clone(),
         pools: state.pools.clone(),
         admission: state.admission.clone(),
+        guard,
     }
 }
 
@@ -63,7 +75,7 @@ pub fn stack<B: Send + 'static>(
     ServiceBuilder::new()
         .layer(render::Layer)
         .layer(crate::health::Layer(state.ready.clone()))
-        .layer(scrape(state))
+        .layer(scrape(state, false))
         .layer(admin(state))
         .service(tower::service_fn(|_: Request<B>| async {
             Err::<Response<ResponseBody>, _>(crate::Error::from(OpsError::NotFound))

@@ -43,6 +43,7 @@ mod metrics_format;
 mod metrics_scale;
 mod mock_profiles;
 mod openai_client;
+mod ops_access;
 mod otel;
 mod otel_genai;
 mod reload;
