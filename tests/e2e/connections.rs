@@ -178,6 +178,8 @@ async fn the_per_ip_cap_refuses_the_excess_while_another_client_is_served() {
     let p = Conf::new(&mock.base_url())
         .server("workers", 1)
         .server("max_connections_per_ip", 3)
+        // The scraper at OTHER is the operator's: /metrics answers trusted peers only.
+        .server("trusted_sources", ["127.0.0.1/32", "127.0.0.2/32"])
         .start()
         .await;
     let mut held = Vec::new();

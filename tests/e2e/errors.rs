@@ -74,10 +74,13 @@ async fn sidecar_header_names_the_tenant() {
 #[tokio::test]
 async fn sidecar_header_from_an_untrusted_peer_is_ignored_and_counted() {
     let mock = mock().await;
+    // Loopback is not trusted here: the scrape below carries the admin token.
+    let var = unique_env("SIDECAR_ADMIN");
     let proxy = Conf::new(&mock.base_url())
         .server("tenant_header", "x-tenant-id")
         .server("trusted_sources", ["10.0.0.0/8"])
-        .start()
+        .set("admin.token_env", &var)
+        .start_with_env(&[(&var, "tok-sidecar")])
         .await;
     let claim = [("x-tenant-id", "b")];
     let r = send(post(
@@ -103,6 +106,7 @@ async fn sidecar_header_from_an_untrusted_peer_is_ignored_and_counted() {
     let text = String::from_utf8(
         send(
             http::Request::get(format!("http://{}/metrics", proxy.addr))
+                .header("authorization", "Bearer tok-sidecar")
                 .body(Default::default())
                 .unwrap(),
         )

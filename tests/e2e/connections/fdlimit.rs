@@ -127,6 +127,8 @@ async fn at_the_derived_cap_idle_connections_are_shed_and_a_victim_is_served() {
     let mock = mock().await;
     let conf = Conf::new(&mock.base_url())
         .server("workers", 1)
+        // The scraper at OTHER is the operator's: /metrics answers trusted peers only.
+        .server("trusted_sources", ["127.0.0.1/32", "127.0.0.2/32"])
         .upstream("max_concurrency", 4);
     let mut s = serve("derived", &conf);
     // 256 − (64 + (1 worker + 1) × 4 upstream slots) = 184.

@@ -6,7 +6,7 @@ use std::time::Duration;
 use fairgate_mock::MockConfig;
 
 use super::support::{figure, scrape, throughput_ratio, value, victim_run};
-use crate::support::{chat, mock_with, post, send, Conf, KEY_A, KEY_B};
+use crate::support::{chat, mock_with, post, scrape_with, send, unique_env, Conf, KEY_A, KEY_B};
 
 const VICTIM: usize = 6;
 
@@ -244,11 +244,13 @@ async fn spoofed_sidecar_header() {
     // here a range the test's loopback clients are not in, so the header is ignored and a key
     // is required: the attacker's requests are its own (tenant a), none is charged to b.
     let mock = mock_with(slow_mock()).await;
+    let var = unique_env("SPOOF_ADMIN");
     let proxy = Conf::new(&mock.base_url())
         .server("tenant_header", "x-tenant-id")
         .server("trusted_sources", ["10.0.0.0/8"])
         .upstream("max_concurrency", 2)
-        .start()
+        .set("admin.token_env", &var)
+        .start_with_env(&[(&var, "tok-spoof")])
         .await;
     let victim = victim_run(
         proxy.addr,
@@ -260,7 +262,8 @@ async fn spoofed_sidecar_header() {
     .await;
     // The attacker reaches the proxy directly and names the victim's tenant.
     let spoofed = victim_run(proxy.addr, &mock.stats, KEY_A, 3, &[("x-tenant-id", "b")]).await;
-    let metrics = scrape(proxy.addr).await;
+    // Loopback is not trusted here: the operator scrapes with the admin token.
+    let metrics = scrape_with(proxy.addr, "tok-spoof").await;
     let charged_b = value(
         &metrics,
         "fairgate_requests_total",

@@ -233,6 +233,18 @@ pub async fn scrape(addr: SocketAddr) -> String {
     String::from_utf8(r.body.to_vec()).unwrap()
 }
 
+/// `/metrics` of `addr` scraped with the admin bearer `token` (a proxy whose `trusted_sources`
+/// leave out loopback answers only that).
+pub async fn scrape_with(addr: SocketAddr, token: &str) -> String {
+    let req = Request::get(format!("http://{addr}/metrics"))
+        .header("authorization", format!("Bearer {token}"))
+        .body(Full::<Bytes>::default())
+        .unwrap();
+    let r = send(req).await;
+    assert_eq!(r.status, 200);
+    String::from_utf8(r.body.to_vec()).unwrap()
+}
+
 /// The value of the series `name` whose labels include every `k="v"` of `labels` (an
 /// unlabelled series matches empty `labels`).
 pub fn value(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
