@@ -14,6 +14,7 @@
 //! and never logged.
 
 pub mod state;
+pub mod tenants;
 pub mod ui;
 
 use std::sync::{Arc, Weak};
@@ -36,6 +37,10 @@ pub trait Reload: Send + Sync {
     /// Re-reads and applies the configuration: a JSON summary of what changed, or why not.
     /// Blocking.
     fn reload(&self) -> Result<serde_json::Value, ReloadError>;
+    /// Rebuilds the generation in force for the API tenants as they are now. Blocking.
+    fn apply_tenants(&self) -> Result<(), ReloadError>;
+    /// The config file the server reads, if any (named in a 409 on a config tenant).
+    fn config_file(&self) -> Option<String>;
 }
 
 /// Why a reload was refused; the configuration in force stays.
@@ -82,6 +87,21 @@ pub enum OpsError {
     /// A known endpoint with the wrong method.
     #[error("method not allowed")]
     MethodNotAllowed,
+    /// Runtime tenants need somewhere durable to live.
+    #[error("tenants and keys at runtime need a durable store: set [store] path (or [cluster])")]
+    NoStore,
+    /// A config tenant is read-only through the API.
+    #[error(
+        "tenant {id:?} is defined in the config file{}: change it there (config tenants are \
+         read-only through the API)",
+        file.as_deref().map(|f| format!(" {f}")).unwrap_or_default()
+    )]
+    ConfigTenant {
+        /// The tenant.
+        id: String,
+        /// The config file, if the server was started from one.
+        file: Option<String>,
+    },
 }
 
 impl ApiError for OpsError {
@@ -90,6 +110,7 @@ impl ApiError for OpsError {
             OpsError::NotFound => StatusCode::NOT_FOUND,
             OpsError::Unauthorized => StatusCode::UNAUTHORIZED,
             OpsError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            OpsError::NoStore | OpsError::ConfigTenant { .. } => StatusCode::CONFLICT,
         }
     }
     fn kind(&self) -> &'static str {
@@ -100,6 +121,8 @@ impl ApiError for OpsError {
             OpsError::NotFound => "not_found",
             OpsError::Unauthorized => "invalid_admin_token",
             OpsError::MethodNotAllowed => "method_not_allowed",
+            OpsError::NoStore => "no_store",
+            OpsError::ConfigTenant { .. } => "config_tenant",
         }
     }
     fn reason(&self) -> &'static str {
@@ -126,6 +149,8 @@ pub struct Layer {
     pub cluster: Option<Arc<crate::cluster::Link>>,
     /// The reload hook (`None`, or gone: the server cannot reload, 409).
     pub reload: Option<Weak<dyn Reload>>,
+    /// Tenants and keys at runtime (`/admin/tenants` writes).
+    pub runtime: tenants::Tenants,
 }
 
 impl<S> tower::Layer<S> for Layer {
@@ -156,6 +181,22 @@ impl Layer {
             .get(header::AUTHORIZATION)
             .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
             .is_some_and(|t| same(t, token.as_bytes()))
+    }
+
+    /// `GET /admin/tenants`: the page of tenants (`data`, see [`tenants`]) and the live rows
+    /// of every pool (`tenants`; of the page's tenants only when paged).
+    fn tenants_page(&self, query: Option<&str>) -> Response<ResponseBody> {
+        let (mut doc, ids) = self.runtime.page(query);
+        let mut live = self.tenants();
+        if let (Some(ids), Some(rows)) = (ids, live["tenants"].as_array_mut()) {
+            rows.retain(|r| {
+                r["tenant"]
+                    .as_str()
+                    .is_some_and(|t| ids.iter().any(|i| i == t))
+            });
+        }
+        doc["tenants"] = live["tenants"].take();
+        json(&doc)
     }
 
     /// The `/admin/tenants` document.
@@ -227,6 +268,8 @@ async fn reload(hook: Option<Arc<dyn Reload>>) -> Res {
 impl<S, B> tower::Service<Request<B>> for Service<S>
 where
     S: tower::Service<Request<B>, Response = Response<ResponseBody>, Error = Error>,
+    B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    B::Error: Into<crate::response::BoxError>,
 {
     type Response = Response<ResponseBody>;
     type Error = Error;
@@ -250,8 +293,19 @@ where
                 _ => Err(OpsError::MethodNotAllowed.into()),
             },
             Some(t) if !a.authorized(t, &req) => Err(OpsError::Unauthorized.into()),
+            Some(_) if path == "/admin/tenants" && req.method() == Method::GET => {
+                Ok(a.tenants_page(req.uri().query()))
+            }
+            Some(_) if path == "/admin/tenants" || path.starts_with("/admin/tenants/") => {
+                let rest = path
+                    .strip_prefix("/admin/tenants/")
+                    .unwrap_or("")
+                    .to_owned();
+                let t = a.runtime.clone();
+                let fut = async move { t.route(req, rest).await.map(tenants::no_store) };
+                return Either::Left(Either::Right(Box::pin(fut)));
+            }
             Some(_) => match (req.method(), path) {
-                (&Method::GET, "/admin/tenants") => Ok(json(&a.tenants())),
                 (&Method::GET, "/admin/state") => {
                     let query = state::Query::parse(req.uri().query());
                     let mut res = json(&a.state(&query));
@@ -263,9 +317,7 @@ where
                     let hook = a.reload.as_ref().and_then(Weak::upgrade);
                     return Either::Left(Either::Right(Box::pin(reload(hook))));
                 }
-                (_, "/admin/tenants" | "/admin/reload" | "/admin/state") => {
-                    Err(OpsError::MethodNotAllowed.into())
-                }
+                (_, "/admin/reload" | "/admin/state") => Err(OpsError::MethodNotAllowed.into()),
                 _ => Err(OpsError::NotFound.into()),
             },
         };

@@ -60,6 +60,18 @@ pub struct Config {
     /// embedded SQLite file (absent: both are off).
     #[serde(default)]
     pub jobs: Option<JobsConfig>,
+    /// `[store]`: the embedded SQLite file of durable state (tenants and keys created through
+    /// the admin API); with `[cluster]` that state lives in Redis instead.
+    #[serde(default)]
+    pub store: Option<StoreConfig>,
+}
+
+/// `[store]`: where durable state lives on one replica.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct StoreConfig {
+    /// The SQLite file (created on first use; it may be the same file as `[jobs] path`).
+    pub path: PathBuf,
 }
 
 /// `[jobs]`: asynchronous jobs and batches (`src/jobs`).

@@ -177,6 +177,12 @@ pub fn validate(c: &Config) -> Result<(), ConfigError> {
             return Err(invalid("jobs.path", "must not be empty"));
         }
     }
+    if c.store
+        .as_ref()
+        .is_some_and(|s| s.path.as_os_str().is_empty())
+    {
+        return Err(invalid("store.path", "must not be empty"));
+    }
     if let Some(cluster) = &c.cluster {
         super::cluster::validate(cluster)?;
         // The shared (Redis) rate store keeps the request and all-tokens buckets only.

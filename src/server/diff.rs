@@ -82,6 +82,7 @@ pub fn pin_restart_only(old: &Config, new: &mut Config) -> Vec<&'static str> {
     pin!(models, "models");
     pin!(metrics, "metrics");
     pin!(log, "log");
+    pin!(store, "store");
     pinned
 }
 

@@ -74,6 +74,8 @@ pub struct Live {
     current: ArcSwap<Generation>,
     path: Option<PathBuf>,
     reloading: Mutex<()>,
+    /// The registry's tenants version the generation in force was built at.
+    tenants_applied: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for Live {
@@ -88,10 +90,12 @@ impl Live {
         Arc::new_cyclic(|weak: &Weak<Live>| {
             let hook: Weak<dyn crate::admin::Reload> = weak.clone();
             state.reloader = Some(hook);
+            let applied = state.runtime.as_ref().map_or(0, |r| r.tenants_version());
             Live {
                 current: ArcSwap::from_pointee(Generation::new(state)),
                 path,
                 reloading: Mutex::new(()),
+                tenants_applied: applied.into(),
             }
         })
     }
@@ -132,6 +136,34 @@ impl Live {
         result
     }
 
+    /// Rebuilds the generation in force for the API tenants as they are now (`tenant::runtime`),
+    /// unless it already has them: concurrent changes are applied by one rebuild. Blocking.
+    pub fn apply_tenants(&self) -> Result<(), ReloadError> {
+        use std::sync::atomic::Ordering;
+        let _serial = self.reloading.lock().unwrap_or_else(|p| p.into_inner());
+        let current = self.current.load_full();
+        let Some(runtime) = &current.state.runtime else {
+            return Ok(());
+        };
+        let version = runtime.tenants_version();
+        if self.tenants_applied.load(Ordering::Acquire) >= version {
+            return Ok(());
+        }
+        let file = runtime.file_config(&current.state.config);
+        let (state, c) = current.state.reloaded_tenants(file).inspect_err(|e| {
+            tracing::error!("API tenants not applied: {e}");
+        })?;
+        self.current.store(Arc::new(Generation::new(state)));
+        self.tenants_applied.store(version, Ordering::Release);
+        tracing::info!(
+            tenants_added = ?c.tenants_added,
+            tenants_removed = ?c.tenants_removed,
+            tenants_changed = ?c.tenants_changed,
+            "API tenants applied"
+        );
+        Ok(())
+    }
+
     fn try_reload(&self) -> Result<Changes, ReloadError> {
         let _serial = self.reloading.lock().unwrap_or_else(|p| p.into_inner());
         let path = self.path.as_ref().ok_or(ReloadError::NoFile)?;
@@ -146,6 +178,14 @@ impl crate::admin::Reload for Live {
     fn reload(&self) -> Result<serde_json::Value, ReloadError> {
         let changes = Live::reload(self)?;
         Ok(serde_json::json!({ "reloaded": true, "changes": changes }))
+    }
+
+    fn apply_tenants(&self) -> Result<(), ReloadError> {
+        Live::apply_tenants(self)
+    }
+
+    fn config_file(&self) -> Option<String> {
+        self.path.as_ref().map(|p| p.display().to_string())
     }
 }
 

@@ -14,6 +14,7 @@ pub mod live;
 pub mod ops;
 mod reload;
 pub mod stall;
+mod tenants;
 mod tls;
 pub mod workers;
 
@@ -80,6 +81,9 @@ pub struct State {
     pub env: Env,
     /// Async jobs and batches (`[jobs]`; opened at startup, kept across reloads).
     pub jobs: Option<crate::jobs::Jobs>,
+    /// Tenants and keys made through the admin API (`[store]` or `[cluster]`; opened at
+    /// startup, kept across reloads, merged into every generation's config).
+    pub runtime: Option<Arc<tenant::runtime::Registry>>,
 }
 
 /// Where `*_env` settings (provider keys, the admin token) are read from: the process
@@ -133,8 +137,17 @@ impl State {
     pub fn with_env(config: Config, env_source: Env) -> Result<Self, ConfigError> {
         let env = |var: &str| env_source.get(var);
         let metrics = Metrics::with_env(&config, &env);
+        let linked = crate::cluster::connect(
+            &config,
+            metrics.plain_gauge("fairgate_cluster_degraded"),
+            env,
+        )?;
+        let redis = linked.as_ref().map(|(l, _)| l.clone() as _);
+        let runtime = tenant::runtime::open(&config, redis, tenants::counters(&metrics))?;
+        let config = tenants::merged(&runtime, config);
         let tenants = Arc::new(
             Directory::from_config(&config, env)?
+                .with_runtime(runtime.clone())
                 .count_untrusted_on(metrics.plain_counter(UNTRUSTED_HEADER)),
         );
         let lanes = workers::count(&config.server);
@@ -149,11 +162,6 @@ impl State {
         let pools = queue::pools(&config, tenants.tenants(), &estimator);
         // Cluster mode: the shared rate store replaces the in-memory one, and a lease gate per
         // pool bounds its dispatch by the slots leased in Redis.
-        let linked = crate::cluster::connect(
-            &config,
-            metrics.plain_gauge("fairgate_cluster_degraded"),
-            env,
-        )?;
         let store = linked
             .as_ref()
             .map(|(_, s)| s.clone() as Arc<dyn crate::ratelimit::RateStore>);
@@ -178,6 +186,7 @@ impl State {
         };
         Ok(Self {
             jobs,
+            runtime,
             tenant_bytes: queue::bytes::TenantBudget {
                 bytes: queue::bytes::ByteBudget::new(u64::MAX),
                 pools: pools.clone(),
@@ -458,7 +467,7 @@ async fn start_on(
         Some(a) => Some(TcpListener::bind(a).await?),
         None => None,
     };
-    let state = State::with_env(config, env)?;
+    let state = tenants::synced(State::with_env(config, env)?).await?;
     // Cluster mode: a replica id already live in the cluster is refused before serving.
     let claim = match &state.cluster {
         Some(cluster) => Some(cluster.claim().await?),
@@ -477,6 +486,7 @@ async fn start_on(
     if let (Some(cluster), Some(claim)) = (&state.cluster, claim) {
         cluster.spawn(claim, stop.subscribe());
     }
+    tenants::spawn_sync(&state, live.clone(), stop.subscribe());
     if let Some(otel) = state.metrics.otel() {
         tokio::spawn(otel.clone().run(stop.subscribe()));
     }

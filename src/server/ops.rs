@@ -58,11 +58,16 @@ pub(super) fn admin(state: &State) -> admin::Layer {
         admission: state.admission.clone(),
         cluster: state.cluster.as_ref().map(|c| c.link.clone()),
         reload: state.reloader.clone(),
+        runtime: admin::tenants::Tenants {
+            runtime: state.runtime.clone(),
+            config: state.config.clone(),
+            reload: state.reloader.clone(),
+        },
     }
 }
 
 /// The operations listener's stack: probes, `/metrics`, `/admin/*`, else 404.
-pub fn stack<B: Send + 'static>(
+pub fn stack<B>(
     state: &State,
 ) -> impl tower::Service<
     Request<B>,
@@ -71,7 +76,11 @@ pub fn stack<B: Send + 'static>(
     Future: Send + 'static,
 > + Clone
        + Send
-       + 'static {
+       + 'static
+where
+    B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    B::Error: Into<crate::response::BoxError>,
+{
     ServiceBuilder::new()
         .layer(render::Layer)
         .layer(crate::health::Layer(state.ready.clone()))

@@ -32,8 +32,19 @@ pub use crate::admin::ReloadError;
 impl State {
     /// The state of `config`, carried over from this one (see the module docs), and what
     /// changed. Mutates the kept pools and capacity controllers only once nothing can fail.
-    pub fn reloaded(&self, mut config: Config) -> Result<(State, Changes), ConfigError> {
-        if self.cluster.is_some() {
+    pub fn reloaded(&self, config: Config) -> Result<(State, Changes), ConfigError> {
+        self.rebuilt(config, false)
+    }
+
+    /// As [`State::reloaded`] for a change of the API tenants alone (`config`: the file's, as
+    /// in force), which cluster mode takes too: pools, leases and the shared stores stay.
+    pub fn reloaded_tenants(&self, config: Config) -> Result<(State, Changes), ConfigError> {
+        self.rebuilt(config, true)
+    }
+
+    fn rebuilt(&self, config: Config, tenants_only: bool) -> Result<(State, Changes), ConfigError> {
+        let mut config = super::tenants::merged(&self.runtime, config);
+        if self.cluster.is_some() && !tenants_only {
             // The lease gates, the shared rate store and the service sync are built per pool
             // and per tenant at startup; replicas are restarted one at a time instead.
             return Err(ConfigError::Invalid {
@@ -51,6 +62,7 @@ impl State {
         let env = |var: &str| self.env.get(var);
         let tenants = Arc::new(
             Directory::from_config(&config, env)?
+                .with_runtime(self.runtime.clone())
                 .count_untrusted_on(self.metrics.plain_counter(super::UNTRUSTED_HEADER)),
         );
         let admin_token = Self::admin_token(&config, env)?;
@@ -117,8 +129,9 @@ impl State {
             ready: self.ready.clone(),
             reloader: self.reloader.clone(),
             env: self.env.clone(),
-            cluster: None,
+            cluster: self.cluster.clone(),
             jobs: self.jobs.clone(),
+            runtime: self.runtime.clone(),
         };
         Ok((state, changes))
     }

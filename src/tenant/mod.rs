@@ -19,6 +19,7 @@ use crate::config::{Cidr, Config, ConfigError};
 use crate::domain::{Class, TenantId};
 use crate::error::ApiError;
 
+pub mod runtime;
 mod service;
 pub use service::{Layer, Service};
 
@@ -78,6 +79,8 @@ pub struct Directory {
     trusted: Vec<Cidr>,
     /// Requests that carried the sidecar header from an untrusted peer.
     untrusted: Option<metrics::Counter>,
+    /// The keys of API tenants (asked for a key this directory does not know).
+    runtime: Option<Arc<runtime::Registry>>,
 }
 
 impl Directory {
@@ -159,6 +162,12 @@ impl Directory {
         Ok(dir)
     }
 
+    /// Also accepts the live keys of `registry`'s tenants (see [`runtime`]).
+    pub fn with_runtime(mut self, registry: Option<Arc<runtime::Registry>>) -> Self {
+        self.runtime = registry;
+        self
+    }
+
     /// Counts sidecar headers from untrusted peers on `counter`.
     pub fn count_untrusted_on(mut self, counter: metrics::Counter) -> Self {
         self.untrusted = Some(counter);
@@ -222,9 +231,17 @@ impl Directory {
                     .get(header::AUTHORIZATION)
                     .and_then(|v| bearer_token(v.as_bytes()))
                     .ok_or(Error::MissingKey)?;
-                let (t, recovery, class) =
-                    self.by_digest.get(&digest(key)).ok_or(Error::UnknownKey)?;
-                (t.clone(), *recovery, *class)
+                let d = digest(key);
+                match self.by_digest.get(&d) {
+                    Some((t, recovery, class)) => (t.clone(), *recovery, *class),
+                    // Not a key of the file: one more probe, in the API tenants' keys.
+                    None => {
+                        let id = (self.runtime.as_ref().and_then(|r| r.lookup(&d)))
+                            .ok_or(Error::UnknownKey)?;
+                        let t = self.by_id.get(&*id).ok_or(Error::UnknownKey)?;
+                        (t.clone(), false, None)
+                    }
+                }
             }
         };
         let class = match headers.get(PRIORITY_HEADER) {

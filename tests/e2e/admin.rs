@@ -95,7 +95,7 @@ async fn admin_tenants_needs_the_token_and_shows_live_queues() {
     assert_eq!(flood["reconciled"], 3);
     assert!(flood["estimate_error_mean"].as_f64().unwrap() > 0.0);
     let r = send(
-        Request::post(format!("http://{addr}/admin/tenants"))
+        Request::put(format!("http://{addr}/admin/tenants"))
             .header("authorization", format!("Bearer {token}"))
             .body(Full::<Bytes>::default())
             .unwrap(),

@@ -49,4 +49,5 @@ mod otel_genai;
 mod reload;
 mod serve;
 mod stream_budget;
+mod tenants;
 mod tls;

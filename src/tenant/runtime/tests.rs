@@ -1,0 +1,175 @@
+use std::sync::Arc;
+
+use serde_json::{json, Map, Value};
+
+use super::record::{Change, KeyRecord};
+use super::sqlite::Sqlite;
+use super::{Counters, Error, Registry, Store};
+use crate::config::Config;
+use crate::domain::digest;
+
+const FILE: &str = "[[upstreams]]\nname = \"u\"\nbase_url = \"http://h/v1\"\n\
+                    [plans.gold]\nweight = 4.0\n\
+                    [[tenants]]\nid = \"file\"\napi_keys = [\"kf\"]\n";
+
+fn temp() -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("fg-registry-{:x}.db", rand::random::<u64>()))
+}
+
+fn open(path: &std::path::Path) -> Arc<Registry> {
+    let r = Registry::new(
+        Store::Sqlite(Arc::new(Sqlite::open(path).unwrap())),
+        Counters::default(),
+    )
+    .unwrap();
+    r.merge(Config::from_toml_str(FILE).unwrap());
+    r
+}
+
+fn spec(v: Value) -> Map<String, Value> {
+    match v {
+        Value::Object(m) => m,
+        _ => unreachable!(),
+    }
+}
+
+#[tokio::test]
+async fn create_use_rotate_revoke_and_reopen() {
+    let path = temp();
+    let r = open(&path);
+    let t = r
+        .create_tenant("acme".into(), spec(json!({"plan": "gold"})))
+        .await
+        .unwrap();
+    assert_eq!(t.id, "acme");
+    let merged = r.merge(Config::from_toml_str(FILE).unwrap());
+    let ids: Vec<&str> = merged.tenants.iter().map(|t| t.id.as_str()).collect();
+    assert_eq!(ids, ["file", "acme"], "the file's tenants first");
+    let (k, key) = r.create_key("acme", Some("ci".into()), None).await.unwrap();
+    assert_eq!(r.lookup(&digest(key.as_bytes())).as_deref(), Some("acme"));
+    // Rotation: both keys work during the overlap; the old one expires after it.
+    let (k2, key2, old) = r.rotate_key("acme", &k.id, 3600, None).await.unwrap();
+    assert_eq!(old.id, k.id);
+    assert!(old.expires_at.is_some());
+    assert_eq!(k2.label.as_deref(), Some("ci"));
+    assert!(r.lookup(&digest(key.as_bytes())).is_some());
+    assert!(r.lookup(&digest(key2.as_bytes())).is_some());
+    r.revoke_key("acme", &k.id).await.unwrap();
+    assert!(r.lookup(&digest(key.as_bytes())).is_none());
+    assert!(matches!(
+        r.revoke_key("acme", &k.id).await,
+        Err(Error::NoKey(_))
+    ));
+    drop(r);
+    // A restart keeps the tenant and its live key, not the revoked one.
+    let r = open(&path);
+    assert!(r.tenant("acme").is_some());
+    assert!(r.lookup(&digest(key.as_bytes())).is_none());
+    assert_eq!(r.lookup(&digest(key2.as_bytes())).as_deref(), Some("acme"));
+    assert_eq!(r.keys_of("acme").len(), 1);
+    // Deleting the tenant revokes its keys; re-creating the id brings none back.
+    r.delete_tenant("acme").await.unwrap();
+    assert!(r.lookup(&digest(key2.as_bytes())).is_none());
+    r.create_tenant("acme".into(), Map::new()).await.unwrap();
+    assert!(r.lookup(&digest(key2.as_bytes())).is_none());
+    drop(r);
+    let r = open(&path);
+    assert!(r.lookup(&digest(key2.as_bytes())).is_none());
+    let _ = std::fs::remove_file(&path);
+}
+
+#[tokio::test]
+async fn config_tenants_are_read_only_and_never_shadowed() {
+    let path = temp();
+    let r = open(&path);
+    for e in [
+        r.create_tenant("file".into(), Map::new())
+            .await
+            .unwrap_err(),
+        r.update_tenant("file", Map::new()).await.unwrap_err(),
+        r.delete_tenant("file").await.unwrap_err(),
+        r.create_key("file", None, None)
+            .await
+            .map(|_| ())
+            .unwrap_err(),
+    ] {
+        assert!(
+            matches!(e, Error::ConfigTenant(ref id) if id == "file"),
+            "{e}"
+        );
+    }
+    // An API tenant the file later defines is hidden, and its keys are refused.
+    r.create_tenant("late".into(), Map::new()).await.unwrap();
+    let (_, key) = r.create_key("late", None, None).await.unwrap();
+    let text = format!("{FILE}[[tenants]]\nid = \"late\"\napi_keys = [\"kl\"]\n");
+    let merged = r.merge(Config::from_toml_str(&text).unwrap());
+    assert_eq!(merged.tenants.iter().filter(|t| t.id == "late").count(), 1);
+    assert!(merged
+        .tenants
+        .iter()
+        .any(|t| t.id == "late" && t.api_keys == ["kl"]));
+    assert!(r.lookup(&digest(key.as_bytes())).is_none());
+    let _ = std::fs::remove_file(&path);
+}
+
+#[tokio::test]
+async fn validation_names_the_field() {
+    let path = temp();
+    let r = open(&path);
+    let field = |e: Error| match e {
+        Error::Invalid { field, .. } => field,
+        other => panic!("{other}"),
+    };
+    let cases = [
+        (json!({"weight": -1.0}), "weight"),
+        (json!({"plan": "platinum"}), "plan"),
+        (json!({"wieght": 2}), "wieght"),
+        (json!({"max_concurrency": "many"}), "max_concurrency"),
+        (json!({"api_keys": ["k"]}), "api_keys"),
+        (
+            json!({"upstream_api_key_env": "HOME"}),
+            "upstream_api_key_env",
+        ),
+        (json!({"max_concurrency": 0}), "max_concurrency"),
+    ];
+    for (body, name) in cases {
+        let e = r
+            .create_tenant("t".into(), spec(body.clone()))
+            .await
+            .unwrap_err();
+        assert_eq!(field(e), name, "{body}");
+    }
+    let e = r
+        .create_tenant("bad id!".into(), Map::new())
+        .await
+        .unwrap_err();
+    assert_eq!(field(e), "id");
+    assert!(r.tenant("t").is_none(), "nothing invalid was stored");
+    r.create_tenant("t".into(), spec(json!({"weight": 2.0})))
+        .await
+        .unwrap();
+    let e = r
+        .update_tenant("t", spec(json!({"weight": 0})))
+        .await
+        .unwrap_err();
+    assert_eq!(field(e), "weight");
+    let t = r
+        .update_tenant("t", spec(json!({"weight": null, "plan": "gold"})))
+        .await
+        .unwrap();
+    assert_eq!(Value::Object(t.spec), json!({"plan": "gold"}));
+    let _ = std::fs::remove_file(&path);
+}
+
+#[test]
+fn a_late_read_of_an_older_write_never_revives_a_revoked_key() {
+    let mut index = super::Index::default();
+    let (k, key) = super::record::new_key("a", None, None);
+    let revoked = KeyRecord {
+        revoked_at: Some(1),
+        ..k.clone()
+    };
+    index.apply(7, Change::Key(revoked));
+    index.apply(5, Change::Key(k));
+    assert!(!index.by_digest.contains_key(&digest(key.as_bytes())));
+}
