@@ -1,17 +1,22 @@
 //! The request path's error type: a leaf that knows no stage.
 //!
 //! Each stage owns a `thiserror` enum (its doc comment is the message) and implements
-//! [`ApiError`] for it: status, OpenAI `type` and `code`, extra headers, the metrics `reason`
-//! label, and whether the request never reached the provider. A stage returns `Err(e.into())`;
+//! [`ApiError`] for it: status, OpenAI `type` and `code`, extra headers, the typed [`Reason`]
+//! (the metrics label, and what other stages may ask of it: deferrable? a deadline miss?), the
+//! typed [`Limit`], and whether the request never reached the provider. A stage returns `Err(e.into())`;
 //! [`Error`] wraps any such error behind the trait, so no stage matches on another stage's
 //! variants. The outermost layer (`render`) turns an [`Error`] into OpenAI's error shape — the
-//! one place an error becomes HTTP.
+//! one place an error becomes HTTP; [`openai_json`] is the one writer of that shape (a stream
+//! cut by `usage` ends with it too).
 //!
 //! Invariant: an error message never contains an API key or prompt text.
 
 use std::fmt;
 
 use http::{HeaderName, HeaderValue, StatusCode};
+
+mod reason;
+pub use reason::{Limit, Reason};
 
 /// Response header saying whose limit refused a request: `tenant`, `queue` or `upstream`.
 pub const LIMIT_HEADER: &str = "x-fairgate-limit";
@@ -29,7 +34,7 @@ pub trait ApiError: std::error::Error + Send + Sync + 'static {
         None
     }
     /// Whose limit refused the request (`x-fairgate-limit`), if it was a limit.
-    fn limit(&self) -> Option<&'static str> {
+    fn limit(&self) -> Option<Limit> {
         None
     }
     /// When the client may retry: rendered as `Retry-After` (whole seconds, rounded up) and
@@ -41,8 +46,8 @@ pub trait ApiError: std::error::Error + Send + Sync + 'static {
     fn headers(&self) -> Vec<(HeaderName, HeaderValue)> {
         Vec::new()
     }
-    /// The `reason` label of `fairgate_rejected_total`.
-    fn reason(&self) -> &'static str;
+    /// Why the request was refused (the `reason` label of `fairgate_rejected_total`).
+    fn reason(&self) -> Reason;
     /// Whether the request certainly never reached the provider (so what admission charged it
     /// is given back in full).
     fn never_sent(&self) -> bool {
@@ -89,13 +94,13 @@ impl Error {
         self.inner.status()
     }
 
-    /// The metrics `reason` label.
-    pub fn reason(&self) -> &'static str {
+    /// Why the request was refused.
+    pub fn reason(&self) -> Reason {
         self.inner.reason()
     }
 
     /// Whose limit refused the request, if any.
-    pub fn limit(&self) -> Option<&'static str> {
+    pub fn limit(&self) -> Option<Limit> {
         self.inner.limit()
     }
 
@@ -127,10 +132,7 @@ impl Error {
         }
         h.extend(self.inner.headers());
         if let Some(limit) = self.inner.limit() {
-            h.push((
-                HeaderName::from_static(LIMIT_HEADER),
-                HeaderValue::from_static(limit),
-            ));
+            h.push(limit.header());
         }
         h.extend(self.extra.iter().cloned());
         h
@@ -170,9 +172,23 @@ impl ApiError for Internal {
     fn code(&self) -> &'static str {
         "internal_error"
     }
-    fn reason(&self) -> &'static str {
-        "internal"
+    fn reason(&self) -> Reason {
+        Reason::Internal
     }
+}
+
+/// `api` in OpenAI's error shape, `{"error":{"message","type","param","code"}}`: the one writer
+/// of it (the error response, and the last event of a stream `usage` cut).
+pub fn openai_json(api: &dyn ApiError) -> Vec<u8> {
+    let body = serde_json::json!({
+        "error": {
+            "message": api.to_string(),
+            "type": api.kind(),
+            "code": api.code(),
+            "param": api.param(),
+        }
+    });
+    serde_json::to_vec(&body).unwrap_or_default()
 }
 
 /// Response header: the wait in milliseconds, beside `Retry-After` (the OpenAI SDKs read it
@@ -215,14 +231,14 @@ mod tests {
         fn code(&self) -> &'static str {
             "rate_limit_exceeded"
         }
-        fn limit(&self) -> Option<&'static str> {
-            Some("tenant")
+        fn limit(&self) -> Option<Limit> {
+            Some(Limit::Tenant)
         }
         fn retry_after(&self) -> Option<std::time::Duration> {
             Some(std::time::Duration::from_millis(2500))
         }
-        fn reason(&self) -> &'static str {
-            "request_rate"
+        fn reason(&self) -> Reason {
+            Reason::RequestRate
         }
         fn never_sent(&self) -> bool {
             true
@@ -233,7 +249,8 @@ mod tests {
     fn wraps_any_stage_error_through_the_trait() {
         let e: Error = Limited.into();
         assert_eq!(e.status(), 429);
-        assert_eq!(e.reason(), "request_rate");
+        assert_eq!(e.reason(), Reason::RequestRate);
+        assert_eq!(e.reason().as_str(), "request_rate");
         assert!(e.never_sent());
         let e = e.with_headers([(
             HeaderName::from_static("x-ratelimit-limit-requests"),
@@ -259,6 +276,38 @@ mod tests {
         assert_eq!(bug.status(), 500);
         assert!(!bug.never_sent());
         assert_eq!(bug.to_string(), "internal error: x");
+    }
+
+    #[test]
+    fn reasons_say_whether_they_defer_or_miss_a_deadline() {
+        assert!(Reason::PoolQueueFull.deferrable() && !Reason::PoolQueueFull.deadline_miss());
+        assert!(Reason::DeadlineExceeded.deferrable() && Reason::DeadlineExceeded.deadline_miss());
+        assert!(!Reason::TenantQueueBytes.deferrable());
+        assert!(!Reason::RequestRate.deferrable() && !Reason::RequestRate.deadline_miss());
+        assert_eq!(Reason::Upstream429.to_string(), "upstream_429");
+    }
+
+    #[test]
+    fn a_limit_is_read_back_from_its_header() {
+        let mut h = http::HeaderMap::new();
+        assert_eq!(Limit::of(&h), None);
+        for l in Limit::ALL {
+            let (k, v) = l.header();
+            h.insert(k, v);
+            assert_eq!(Limit::of(&h), Some(l));
+        }
+        h.insert(LIMIT_HEADER, HeaderValue::from_static("other"));
+        assert_eq!(Limit::of(&h), None);
+    }
+
+    #[test]
+    fn the_openai_shape_has_message_type_code_and_param() {
+        let v: serde_json::Value = serde_json::from_slice(&openai_json(&Limited)).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"error": {"message": "slow down", "type": "requests",
+                "code": "rate_limit_exceeded", "param": null}})
+        );
     }
 
     #[test]

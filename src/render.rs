@@ -12,10 +12,9 @@ use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use bytes::Bytes;
 use futures_util::future::CatchUnwind;
 use futures_util::FutureExt;
-use http::{header, HeaderValue, Request, Response, StatusCode};
+use http::{HeaderValue, Request, Response, StatusCode};
 
 use crate::context::{Ctx, REQUEST_ID_HEADER};
 use crate::error::Error;
@@ -28,23 +27,8 @@ pub const QUEUE_MS_HEADER: &str = "x-fairgate-queue-ms";
 /// status and headers.
 pub fn error(e: &Error) -> Response<ResponseBody> {
     let api = e.api();
-    let body = serde_json::json!({
-        "error": {
-            "message": api.to_string(),
-            "type": api.kind(),
-            "code": api.code(),
-            "param": api.param(),
-        }
-    });
-    let bytes = Bytes::from(serde_json::to_vec(&body).unwrap_or_default());
-    let mut res = Response::new(ResponseBody::full(bytes));
-    *res.status_mut() = api.status();
-    let h = res.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    h.extend(e.all_headers());
+    let mut res = crate::response::json_bytes(api.status(), crate::error::openai_json(api));
+    res.headers_mut().extend(e.all_headers());
     res
 }
 

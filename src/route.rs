@@ -17,7 +17,7 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use futures_util::future::{ready, Either, Ready};
-use http::{header, HeaderValue, Method, Request, Response, StatusCode};
+use http::{Method, Request, Response, StatusCode};
 
 use crate::body::is_json_endpoint;
 use crate::error::ApiError;
@@ -57,8 +57,8 @@ impl ApiError for Error {
             Error::MethodNotAllowed(_) => "method_not_allowed",
         }
     }
-    fn reason(&self) -> &'static str {
-        "no_route"
+    fn reason(&self) -> crate::error::Reason {
+        crate::error::Reason::NoRoute
     }
 }
 
@@ -167,13 +167,7 @@ impl Router {
                 None => return Err(Error::ModelNotFound(id.to_owned())),
             },
         };
-        let body = Bytes::from(serde_json::to_vec(&value).unwrap_or_default());
-        let mut res = Response::new(ResponseBody::full(body));
-        res.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        Ok(res)
+        Ok(crate::response::json(http::StatusCode::OK, &value))
     }
 }
 

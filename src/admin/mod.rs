@@ -70,8 +70,8 @@ impl ApiError for ReloadError {
             ReloadError::Invalid(_) => "invalid_config",
         }
     }
-    fn reason(&self) -> &'static str {
-        "admin"
+    fn reason(&self) -> crate::error::Reason {
+        crate::error::Reason::Admin
     }
 }
 
@@ -125,8 +125,8 @@ impl ApiError for OpsError {
             OpsError::ConfigTenant { .. } => "config_tenant",
         }
     }
-    fn reason(&self) -> &'static str {
-        "admin"
+    fn reason(&self) -> crate::error::Reason {
+        crate::error::Reason::Admin
     }
 }
 
@@ -244,13 +244,7 @@ impl Layer {
 type Res = Result<Response<ResponseBody>, Error>;
 
 fn json(value: &serde_json::Value) -> Response<ResponseBody> {
-    let body = serde_json::to_vec(value).unwrap_or_default();
-    let mut res = Response::new(ResponseBody::full(body));
-    res.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    res
+    crate::response::json(StatusCode::OK, value)
 }
 
 /// Runs a reload off the async threads and renders its answer.

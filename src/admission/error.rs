@@ -6,7 +6,7 @@ use std::time::Duration;
 use http::StatusCode;
 
 use crate::domain::Tokens;
-use crate::error::{secs, ApiError};
+use crate::error::{secs, ApiError, Limit, Reason};
 use crate::ratelimit::Budget;
 
 /// Why admission refused a request.
@@ -65,8 +65,8 @@ pub enum Error {
         predicted: Duration,
         /// The budget.
         budget: Duration,
-        /// `queue` or `upstream`.
-        limit: &'static str,
+        /// [`Limit::Queue`] or [`Limit::Upstream`].
+        limit: Limit,
     },
 }
 
@@ -103,10 +103,10 @@ impl ApiError for Error {
             _ => None,
         }
     }
-    fn limit(&self) -> Option<&'static str> {
+    fn limit(&self) -> Option<Limit> {
         match self {
-            Error::RequestRate { .. } | Error::TokenRate { .. } => Some("tenant"),
-            Error::DeadlineInfeasible { limit, .. } => Some(limit),
+            Error::RequestRate { .. } | Error::TokenRate { .. } => Some(Limit::Tenant),
+            Error::DeadlineInfeasible { limit, .. } => Some(*limit),
             _ => None,
         }
     }
@@ -119,19 +119,19 @@ impl ApiError for Error {
             _ => None,
         }
     }
-    fn reason(&self) -> &'static str {
+    fn reason(&self) -> Reason {
         match self {
-            Error::RequestRate { .. } => "request_rate",
+            Error::RequestRate { .. } => Reason::RequestRate,
             Error::TokenRate { budget, .. } => match budget {
-                Budget::Tokens => "token_rate",
-                Budget::Input => "input_token_rate",
-                Budget::Output => "output_token_rate",
+                Budget::Tokens => Reason::TokenRate,
+                Budget::Input => Reason::InputTokenRate,
+                Budget::Output => Reason::OutputTokenRate,
             },
-            Error::TokenBurst { .. } => "token_burst",
-            Error::InputTooLarge { .. } => "input_too_large",
-            Error::OutputTooLarge { .. } => "output_too_large",
-            Error::BadDeadline => "bad_request",
-            Error::DeadlineInfeasible { .. } => "deadline_infeasible",
+            Error::TokenBurst { .. } => Reason::TokenBurst,
+            Error::InputTooLarge { .. } => Reason::InputTooLarge,
+            Error::OutputTooLarge { .. } => Reason::OutputTooLarge,
+            Error::BadDeadline => Reason::BadRequest,
+            Error::DeadlineInfeasible { .. } => Reason::DeadlineInfeasible,
         }
     }
 }

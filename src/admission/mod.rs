@@ -183,7 +183,11 @@ impl Admission {
         (predicted > d.budget).then_some(Error::DeadlineInfeasible {
             predicted,
             budget: d.budget,
-            limit: if paused > queue { "upstream" } else { "queue" },
+            limit: if paused > queue {
+                crate::error::Limit::Upstream
+            } else {
+                crate::error::Limit::Queue
+            },
         })
     }
 }

@@ -96,10 +96,10 @@ impl ApiError for Error {
             _ => None,
         }
     }
-    fn reason(&self) -> &'static str {
+    fn reason(&self) -> crate::error::Reason {
         match self {
-            Error::Timeout(_) => "body_timeout",
-            _ => "bad_request",
+            Error::Timeout(_) => crate::error::Reason::BodyTimeout,
+            _ => crate::error::Reason::BadRequest,
         }
     }
 }

@@ -22,7 +22,7 @@ use std::sync::{Arc, OnceLock};
 
 use tokio::time::Instant;
 
-use crate::error::Error;
+use crate::error::{Error, Reason};
 pub use outcome::{Admitted, BucketState, Deadline, Dispatch, RateState, ResponseMeta, Usage};
 pub use request::{Endpoint, Estimate, Input, Parsed, Route};
 pub use tenant::{Identity, OwnKeys, ProviderKey, Tenant};
@@ -70,9 +70,10 @@ pub struct Context {
     /// and the response was aborted. Writer: the connection's write watchdog
     /// (`server::stall`), before it drops the body (so the log line sees it).
     stalled: AtomicBool,
-    /// The response stream was ended by fairgate for this reason (`stream_budget`: the tenant's
-    /// `max_stream_output_tokens` or remaining token budget was passed). Writer: `usage`.
-    cut: OnceLock<&'static str>,
+    /// The response stream was ended by fairgate for this reason ([`Reason::StreamBudget`]:
+    /// the tenant's `max_stream_output_tokens` or remaining token budget was passed). Writer:
+    /// `usage`.
+    cut: OnceLock<Reason>,
     /// The request's spans are recorded and exported (the sampler's decision, made once the
     /// tenant is known; false without `[otel]`). Writer: `metrics`.
     recorded: AtomicBool,
@@ -96,7 +97,7 @@ pub struct JobRun {
     /// Whose job it is.
     pub tenant: crate::domain::TenantId,
     /// A refusal by a stage (never sent to the provider): written by the `jobs` stage.
-    pub refused: Arc<OnceLock<(http::StatusCode, &'static str)>>,
+    pub refused: Arc<OnceLock<(http::StatusCode, Reason)>>,
 }
 
 /// The endpoint of the routed pool an attempt is sent to.
@@ -316,12 +317,12 @@ impl Context {
     }
 
     /// Why fairgate ended the response stream early, if it did.
-    pub fn cut(&self) -> Option<&'static str> {
+    pub fn cut(&self) -> Option<Reason> {
         self.cut.get().copied()
     }
 
     /// Writer: `usage` (the stream was cut for `reason`).
-    pub fn set_cut(&self, reason: &'static str) {
+    pub fn set_cut(&self, reason: Reason) {
         set(&self.cut, reason, "cut");
     }
 

@@ -74,8 +74,8 @@ impl ApiError for Error {
             _ => "invalid_content",
         }
     }
-    fn reason(&self) -> &'static str {
-        "bad_request"
+    fn reason(&self) -> crate::error::Reason {
+        crate::error::Reason::BadRequest
     }
 }
 

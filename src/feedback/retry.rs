@@ -48,7 +48,9 @@ use super::capacity::{upstream_wait, PoolCapacity};
 use super::keys::KeyPauses;
 use crate::config::AdmissionConfig;
 use crate::context::SentTo;
-use crate::error::{retry_headers, Error, LIMIT_HEADER, RETRY_AFTER_MS};
+#[cfg(test)]
+use crate::error::LIMIT_HEADER;
+use crate::error::{retry_headers, Error, Limit, Reason, RETRY_AFTER_MS};
 use crate::ratelimit::RateStore;
 use crate::response::ResponseBody;
 
@@ -351,14 +353,14 @@ impl crate::error::ApiError for NoEndpoint {
     fn code(&self) -> &'static str {
         "upstream_unavailable"
     }
-    fn limit(&self) -> Option<&'static str> {
-        Some("upstream")
+    fn limit(&self) -> Option<Limit> {
+        Some(Limit::Upstream)
     }
     fn retry_after(&self) -> Option<Duration> {
         Some(self.0.max(Duration::from_secs(1)))
     }
-    fn reason(&self) -> &'static str {
-        "no_endpoint"
+    fn reason(&self) -> Reason {
+        Reason::NoEndpoint
     }
     fn never_sent(&self) -> bool {
         true
@@ -381,14 +383,14 @@ impl crate::error::ApiError for KeyPaused {
     fn code(&self) -> &'static str {
         "rate_limit_exceeded"
     }
-    fn limit(&self) -> Option<&'static str> {
-        Some("upstream")
+    fn limit(&self) -> Option<Limit> {
+        Some(Limit::Upstream)
     }
     fn retry_after(&self) -> Option<Duration> {
         Some(self.0)
     }
-    fn reason(&self) -> &'static str {
-        "upstream_key_paused"
+    fn reason(&self) -> Reason {
+        Reason::UpstreamKeyPaused
     }
     fn never_sent(&self) -> bool {
         true
@@ -401,7 +403,7 @@ impl crate::error::ApiError for KeyPaused {
 fn give_up(mut res: Response<ResponseBody>, next_attempt: Duration) -> Response<ResponseBody> {
     if res.status() == StatusCode::TOO_MANY_REQUESTS {
         let h = res.headers_mut();
-        h.insert(LIMIT_HEADER, HeaderValue::from_static("upstream"));
+        h.extend([Limit::Upstream.header()]);
         // The upstream's own wait wins; else the one the next attempt would have had.
         if !h.contains_key(http::header::RETRY_AFTER) {
             h.extend(retry_headers(next_attempt));

@@ -18,18 +18,7 @@ pub fn is_jobs_path(path: &str) -> bool {
         || path.starts_with("/v1/batches/")
 }
 
-/// A JSON response.
-pub fn json(status: StatusCode, v: &serde_json::Value) -> Response<ResponseBody> {
-    let mut res = Response::new(ResponseBody::full(
-        serde_json::to_vec(v).unwrap_or_default(),
-    ));
-    *res.status_mut() = status;
-    res.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    res
-}
+pub use crate::response::json;
 
 /// Answers a request to a jobs endpoint.
 pub async fn handle(

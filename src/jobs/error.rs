@@ -2,7 +2,7 @@
 
 use http::StatusCode;
 
-use crate::error::ApiError;
+use crate::error::{ApiError, Limit, Reason};
 
 /// Why a jobs request is refused.
 #[derive(Debug, thiserror::Error)]
@@ -97,15 +97,15 @@ impl ApiError for Error {
             _ => None,
         }
     }
-    fn limit(&self) -> Option<&'static str> {
-        matches!(self, Error::Limit { .. }).then_some("tenant")
+    fn limit(&self) -> Option<Limit> {
+        matches!(self, Error::Limit { .. }).then_some(Limit::Tenant)
     }
-    fn reason(&self) -> &'static str {
+    fn reason(&self) -> Reason {
         match self {
-            Error::Limit { .. } => "job_limit",
-            Error::Store(_) => "job_store",
-            Error::NotFound(_) | Error::Disabled => "not_found",
-            _ => "bad_request",
+            Error::Limit { .. } => Reason::JobLimit,
+            Error::Store(_) => Reason::JobStore,
+            Error::NotFound(_) | Error::Disabled => Reason::NotFound,
+            _ => Reason::BadRequest,
         }
     }
     fn never_sent(&self) -> bool {

@@ -64,15 +64,6 @@ impl Prefer {
     }
 }
 
-/// The metrics reasons of refusals that become a job under `respond-async, wait`: the queue is
-/// full, or the deadline cannot be met. A job waits instead.
-pub const DEFERRABLE: &[&str] = &[
-    "tenant_queue_full",
-    "pool_queue_full",
-    "deadline_infeasible",
-    "deadline_exceeded",
-];
-
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 impl<S> tower::Service<Request<Bytes>> for Service<S>
@@ -131,7 +122,8 @@ where
             let (parts, body) = req.into_parts();
             let copy = Request::from_parts(parts.clone(), body.clone());
             match inner.call(Request::from_parts(parts, body)).await {
-                Err(e) if DEFERRABLE.contains(&e.reason()) => accept(&jobs, &ctx, &copy).await,
+                // A full queue or an unmeetable deadline (`Reason::deferrable`): a job waits.
+                Err(e) if e.reason().deferrable() => accept(&jobs, &ctx, &copy).await,
                 other => other,
             }
         })

@@ -25,7 +25,7 @@ use tokio::time::Instant;
 
 use super::{Metrics, Outcome, TenantMetrics};
 use crate::context::Ctx;
-use crate::error::{Error, LIMIT_HEADER};
+use crate::error::{Error, Limit, Reason};
 use crate::response::{BoxError, ResponseBody};
 
 /// Tower layer of the request-metrics stage.
@@ -70,7 +70,7 @@ impl Record {
     }
 
     /// Counts the outcome.
-    fn outcome(&mut self, status: StatusCode, refused: Option<&'static str>) {
+    fn outcome(&mut self, status: StatusCode, refused: Option<Reason>) {
         if let Some(r) = refused {
             self.tenant.rejected(r);
             if let Some(live) = &self.live {
@@ -104,14 +104,6 @@ impl crate::queue::Observer for Metrics {
             }
         }
     }
-}
-
-/// The `x-fairgate-limit` value of a response, as a static label.
-fn limit_of(res: &Response<ResponseBody>) -> Option<&'static str> {
-    let v = res.headers().get(LIMIT_HEADER)?;
-    ["tenant", "queue", "upstream"]
-        .into_iter()
-        .find(|l| v.as_bytes() == l.as_bytes())
 }
 
 impl<S, B> tower::Service<Request<B>> for Service<S>
@@ -160,9 +152,9 @@ where
         Either::Right(Box::pin(async move {
             let (res, refused, limit) = match fut.await {
                 Ok(res) => {
-                    let refused =
-                        (res.status() == StatusCode::TOO_MANY_REQUESTS).then_some("upstream_429");
-                    let limit = limit_of(&res);
+                    let refused = (res.status() == StatusCode::TOO_MANY_REQUESTS)
+                        .then_some(Reason::Upstream429);
+                    let limit = Limit::of(res.headers());
                     (Ok(res), refused, limit)
                 }
                 Err(e) => {
@@ -213,18 +205,18 @@ struct Done {
     record: Record,
     first_byte: Option<Duration>,
     status: StatusCode,
-    limit: Option<&'static str>,
-    refused: Option<&'static str>,
+    limit: Option<Limit>,
+    refused: Option<Reason>,
 }
 
 impl Drop for Done {
     fn drop(&mut self) {
         if self.record.ctx.stalled() && self.refused.is_none() {
             // The client stopped reading: the response was cut (see `server::stall`).
-            self.refused = Some("client_stalled");
-            self.record.tenant.rejected("client_stalled");
+            self.refused = Some(Reason::ClientStalled);
+            self.record.tenant.rejected(Reason::ClientStalled);
             if let Some(live) = &self.record.live {
-                live.refused("client_stalled");
+                live.refused(Reason::ClientStalled);
             }
         }
         if let (Some(reason), None) = (self.record.ctx.cut(), self.refused) {
@@ -254,7 +246,7 @@ impl Drop for Done {
         // The endpoint of the pool that answered (the first, before any answer).
         let sent_to = ctx.endpoint().map_or(0, |e| e.index);
         // `error.type`: why fairgate refused or cut it, else the failing status passed on.
-        let error = self.refused.or_else(|| {
+        let error = self.refused.map(Reason::as_str).or_else(|| {
             (self.status.as_u16() >= 400).then(|| super::genai::status_error(self.status.as_u16()))
         });
         if let (Some(d), Some(e), Some(m)) = (dispatch, estimate, model.as_deref()) {
@@ -274,8 +266,8 @@ impl Drop for Done {
                 &crate::otel::Ending {
                     at: Instant::now(),
                     status: self.status.as_u16(),
-                    limit: self.limit,
-                    refused: self.refused,
+                    limit: self.limit.map(Limit::as_str),
+                    refused: self.refused.map(Reason::as_str),
                     model: model.as_deref(),
                     estimated,
                     actual,
@@ -305,8 +297,8 @@ impl Drop for Done {
             queue_ms = dispatch.map(|d| d.waited.as_millis() as u64),
             upstream_ms = dispatch.map(|d| d.at.elapsed().as_millis() as u64),
             total_ms = total.as_millis() as u64,
-            limit = self.limit,
-            refused = self.refused,
+            limit = self.limit.map(Limit::as_str),
+            refused = self.refused.map(Reason::as_str),
             worker = crate::worker::current(),
             "request"
         );

@@ -11,6 +11,8 @@ use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use crate::error::Reason;
+
 /// Queue waits kept per tenant.
 pub const WAITS: usize = 64;
 /// Samples kept per pool in the timeline (10 minutes at [`SAMPLE_SECS`]).
@@ -53,7 +55,8 @@ impl TenantLive {
     }
 
     /// Counts one refusal by reason.
-    pub fn refused(&self, reason: &'static str) {
+    pub fn refused(&self, reason: Reason) {
+        let reason = reason.as_str();
         let mut r = self.lock();
         match r.refusals.iter_mut().find(|(k, _)| *k == reason) {
             Some((_, n)) => *n += 1,
@@ -189,10 +192,13 @@ mod tests {
         // Only the last 64 waits (936..=999) count.
         assert!((960..=970).contains(&p50), "{p50}");
         assert!((990..=999).contains(&p95), "{p95}");
-        t.refused("rate_limited");
-        t.refused("rate_limited");
-        t.refused("queue_full");
-        assert_eq!(t.refusals(), vec![("rate_limited", 2), ("queue_full", 1)]);
+        t.refused(Reason::RequestRate);
+        t.refused(Reason::RequestRate);
+        t.refused(Reason::PoolQueueFull);
+        assert_eq!(
+            t.refusals(),
+            vec![("request_rate", 2), ("pool_queue_full", 1)]
+        );
     }
 
     #[test]

@@ -17,6 +17,7 @@ use metrics_exporter_prometheus::PrometheusRecorder;
 
 use super::META;
 use crate::domain::{Charge, Class};
+use crate::error::Reason;
 
 /// Distinct models counted per tenant before the rest is counted as `other`.
 pub const MAX_MODELS: usize = 32;
@@ -378,11 +379,11 @@ impl TenantMetrics {
     }
 
     /// Counts one refusal by reason.
-    pub fn rejected(&self, reason: &'static str) {
-        if matches!(reason, "deadline_exceeded" | "deadline_infeasible") {
+    pub fn rejected(&self, reason: Reason) {
+        if reason.deadline_miss() {
             self.deadline_misses.fetch_add(1, Ordering::Relaxed);
         }
-        bump(&mut lock(&self.rejected), reason, 1);
+        bump(&mut lock(&self.rejected), reason.as_str(), 1);
     }
 
     /// Records the time a request spent queued.

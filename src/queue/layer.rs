@@ -21,7 +21,7 @@ use http::{Request, Response, StatusCode};
 use super::fair::{FairQueue, QueueError};
 use super::permit::Permit;
 use crate::context::{Context, Ctx, Dispatch};
-use crate::error::{ApiError, Error};
+use crate::error::{ApiError, Error, Limit, Reason};
 use crate::response::ResponseBody;
 
 /// Told of every grant as it is made (metrics: served share, queue wait), so what is shown
@@ -165,12 +165,12 @@ impl ApiError for QueueError {
             _ => "rate_limit_exceeded",
         }
     }
-    fn limit(&self) -> Option<&'static str> {
+    fn limit(&self) -> Option<Limit> {
         match self {
             QueueError::TenantFull { .. }
             | QueueError::PoolFull { .. }
             | QueueError::TenantBytes { .. }
-            | QueueError::PoolBytes { .. } => Some("queue"),
+            | QueueError::PoolBytes { .. } => Some(Limit::Queue),
             _ => None,
         }
     }
@@ -183,14 +183,14 @@ impl ApiError for QueueError {
             _ => None,
         }
     }
-    fn reason(&self) -> &'static str {
+    fn reason(&self) -> Reason {
         match self {
-            QueueError::TenantFull { .. } => "tenant_queue_full",
-            QueueError::PoolFull { .. } => "pool_queue_full",
-            QueueError::TenantBytes { .. } => "tenant_queue_bytes",
-            QueueError::PoolBytes { .. } => "pool_queue_bytes",
-            QueueError::UnknownTenant => "unknown_tenant",
-            QueueError::DeadlineExceeded { .. } => "deadline_exceeded",
+            QueueError::TenantFull { .. } => Reason::TenantQueueFull,
+            QueueError::PoolFull { .. } => Reason::PoolQueueFull,
+            QueueError::TenantBytes { .. } => Reason::TenantQueueBytes,
+            QueueError::PoolBytes { .. } => Reason::PoolQueueBytes,
+            QueueError::UnknownTenant => Reason::UnknownTenant,
+            QueueError::DeadlineExceeded { .. } => Reason::DeadlineExceeded,
         }
     }
     fn never_sent(&self) -> bool {

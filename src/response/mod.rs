@@ -18,8 +18,10 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::combinators::UnsyncBoxBody;
 
 pub mod idle;
+mod json;
 
 use idle::IdleTimeout;
+pub use json::{json, json_bytes};
 
 /// Boxed error type of response bodies.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

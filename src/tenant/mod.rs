@@ -63,8 +63,8 @@ impl ApiError for Error {
             _ => "invalid_api_key",
         }
     }
-    fn reason(&self) -> &'static str {
-        "auth"
+    fn reason(&self) -> crate::error::Reason {
+        crate::error::Reason::Auth
     }
 }
 

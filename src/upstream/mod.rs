@@ -126,8 +126,8 @@ impl ApiError for Error {
             _ => None,
         }
     }
-    fn reason(&self) -> &'static str {
-        "upstream_error"
+    fn reason(&self) -> crate::error::Reason {
+        crate::error::Reason::UpstreamError
     }
     fn endpoint_failed(&self) -> bool {
         matches!(

@@ -74,8 +74,29 @@ pin_project_lite::pin_project! {
     }
 }
 
-/// The reason a stream cut for its limits is counted under (`fairgate_rejected_total`).
-pub const CUT_REASON: &str = "stream_budget";
+/// What the client of a stream cut for its limits is told, in its last event (in OpenAI's
+/// error shape, like every refusal: [`crate::error::openai_json`]).
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "The stream was ended: it passed this tenant's streamed output limit \
+     (max_stream_output_tokens) or its remaining token budget."
+)]
+pub struct StreamCut;
+
+impl crate::error::ApiError for StreamCut {
+    fn status(&self) -> http::StatusCode {
+        http::StatusCode::OK
+    }
+    fn kind(&self) -> &'static str {
+        "tokens"
+    }
+    fn code(&self) -> &'static str {
+        "stream_budget_exceeded"
+    }
+    fn reason(&self) -> crate::error::Reason {
+        crate::error::Reason::StreamBudget
+    }
+}
 
 /// The bytes that end a cut stream: `out` up to its last complete event (or all of it, closed
 /// by a blank line, when none ends in it and the stream so far did not end at a boundary), then
@@ -91,12 +112,9 @@ fn cut(out: Bytes, at_boundary: bool) -> Bytes {
         }
         None => {}
     }
-    buf.extend_from_slice(
-        b"data: {\"error\":{\"message\":\"The stream was ended: it passed this tenant's \
-          streamed output limit (max_stream_output_tokens) or its remaining token budget.\",\
-          \"type\":\"tokens\",\"param\":null,\"code\":\"stream_budget_exceeded\"}}\n\n\
-          data: [DONE]\n\n",
-    );
+    buf.extend_from_slice(b"data: ");
+    buf.extend_from_slice(&crate::error::openai_json(&StreamCut));
+    buf.extend_from_slice(b"\n\ndata: [DONE]\n\n");
     Bytes::from(buf)
 }
 
@@ -165,7 +183,7 @@ impl HttpBody for Body {
                             // so far), the upstream body is dropped (the provider's request is
                             // cancelled, the guards settle), and the client gets a final error
                             // event and `[DONE]`.
-                            this.ctx.set_cut(CUT_REASON);
+                            this.ctx.set_cut(crate::error::ApiError::reason(&StreamCut));
                             let out = cut(out, *this.at_boundary);
                             let (_, work) = this.obs.end(false);
                             finish(work, this.inner.as_mut());
