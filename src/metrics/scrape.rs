@@ -84,8 +84,8 @@ impl ApiError for Forbidden {
     fn code(&self) -> &'static str {
         "invalid_admin_token"
     }
-    fn reason(&self) -> &'static str {
-        "admin"
+    fn reason(&self) -> crate::error::Reason {
+        crate::error::Reason::Admin
     }
 }
 
