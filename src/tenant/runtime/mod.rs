@@ -100,8 +100,8 @@ impl ApiError for Error {
             _ => None,
         }
     }
-    fn reason(&self) -> &'static str {
-        "admin"
+    fn reason(&self) -> crate::error::Reason {
+        crate::error::Reason::Admin
     }
 }
 
