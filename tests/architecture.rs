@@ -1,10 +1,10 @@
-//! The module graph stays layered: no import circle crosses the crate's top-level modules.
+//! The module graph stays layered, as ARCHITECTURE.md's "What may import what" table says.
 //!
 //! Every `crate::NAME` path in `src/` (in `use` lines, groups such as `use crate::{a, b}`, and
 //! inline paths) is an edge from the top-level module of the file it is written in (`src/X.rs`
-//! or `src/X/…`) to module `NAME`. The graph of those edges must have no cycle: a stage may use
-//! the stages below it and the shared vocabulary (`context`, `domain`, `error`, `response`,
-//! `config`), never one above it. ARCHITECTURE.md says which module may import which.
+//! or `src/X/…`) to module `NAME`. Each edge must be one the table allows for its module, every
+//! module of `src/` must have a row, and the graph must have no cycle. The table is read from
+//! ARCHITECTURE.md itself, so the document and the check cannot drift apart.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -127,6 +127,78 @@ fn cycles(graph: &Graph) -> Vec<BTreeSet<String>> {
     out
 }
 
+/// What each module may import: `None` for `anything`.
+type Allowed = BTreeMap<String, Option<BTreeSet<String>>>;
+
+/// The leaves that `vocabulary` stands for in the table.
+const VOCABULARY: [&str; 7] = [
+    "context", "domain", "error", "response", "config", "log", "worker",
+];
+
+/// The backticked names in `cell`.
+fn ticked(cell: &str) -> Vec<String> {
+    cell.split('`')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The rows of the "What may import what" table of `doc` (`| layer | module | may import |`).
+fn allowed_in(doc: &str) -> Allowed {
+    let section = doc
+        .split("## What may import what")
+        .nth(1)
+        .expect("ARCHITECTURE.md has a \"What may import what\" section");
+    let section = section.split("\n## ").next().unwrap_or_default();
+    let mut allowed = Allowed::new();
+    for line in section.lines().filter(|l| l.starts_with('|')) {
+        let cells: Vec<&str> = line.trim_matches('|').split('|').map(str::trim).collect();
+        let [_, module, imports] = cells[..] else {
+            continue;
+        };
+        let Some(module) = ticked(module).into_iter().next() else {
+            continue; // the header and the separator
+        };
+        let may = if imports == "anything" {
+            None
+        } else {
+            let mut set: BTreeSet<String> = ticked(imports).into_iter().collect();
+            if imports.contains("vocabulary") {
+                set.extend(VOCABULARY.map(String::from));
+            }
+            Some(set)
+        };
+        assert!(
+            allowed.insert(module.clone(), may).is_none(),
+            "ARCHITECTURE.md lists `{module}` twice"
+        );
+    }
+    allowed
+}
+
+/// Every edge of `graph` that `allowed` does not allow, and every module it has no row for.
+fn violations(graph: &Graph, allowed: &Allowed) -> Vec<String> {
+    let mut out = Vec::new();
+    for (module, deps) in graph {
+        match allowed.get(module) {
+            None => out.push(format!(
+                "`{module}` has no row in ARCHITECTURE.md's import table"
+            )),
+            Some(None) => {}
+            Some(Some(may)) => {
+                for dep in deps.iter().filter(|d| !may.contains(*d)) {
+                    out.push(format!(
+                        "{module} -> {dep}: not allowed by ARCHITECTURE.md (`{module}` may import: {})",
+                        may.iter().cloned().collect::<Vec<_>>().join(", ")
+                    ));
+                }
+            }
+        }
+    }
+    out
+}
+
 #[test]
 fn paths_are_parsed_from_use_lines_groups_and_inline_paths() {
     let code = "use crate::a::B;\nuse crate::{b, c::{D, E}, self};\nlet x = crate::d::f(); // crate::zz\nfn f() -> crate::Error {}\n";
@@ -212,4 +284,69 @@ fn the_mock_crate_is_named_only_by_main_and_demo_and_names_no_proxy_code() {
             file.display()
         );
     }
+}
+
+#[test]
+fn the_import_table_is_read_with_vocabulary_anything_and_nothing() {
+    let doc = "# x\n## What may import what\n\n| layer | module | may import |\n|---|---|---|\n\
+               | a | `server` | anything |\n| b | `queue` | `scheduler`, vocabulary |\n\
+               | c | `domain` | nothing |\n\n## Next\n| x | `zz` | nothing |\n";
+    let allowed = allowed_in(doc);
+    assert_eq!(allowed.len(), 3, "{allowed:?}");
+    assert_eq!(allowed["server"], None);
+    let queue = allowed["queue"].as_ref().unwrap();
+    assert!(queue.contains("scheduler") && queue.contains("context") && !queue.contains("body"));
+    assert_eq!(allowed["domain"], Some(BTreeSet::new()));
+}
+
+#[test]
+fn a_forbidden_import_and_a_module_without_a_row_are_named() {
+    let doc = "## What may import what\n| l | m | i |\n|---|---|---|\n\
+               | s | `queue` | `scheduler`, vocabulary |\n| c | `scheduler` | `domain` |\n";
+    let allowed = allowed_in(doc);
+    let mut g = Graph::new();
+    g.entry("queue".into())
+        .or_default()
+        .insert("scheduler".into());
+    g.entry("queue".into())
+        .or_default()
+        .insert("context".into());
+    assert!(violations(&g, &allowed).is_empty());
+    // The pure core reaching up into a stage: refused.
+    g.entry("scheduler".into())
+        .or_default()
+        .insert("queue".into());
+    g.entry("newstage".into()).or_default();
+    let found = violations(&g, &allowed);
+    assert_eq!(found.len(), 2, "{found:?}");
+    assert!(found[0].starts_with("`newstage` has no row"), "{found:?}");
+    assert!(
+        found[1].starts_with("scheduler -> queue: not allowed"),
+        "{found:?}"
+    );
+}
+
+/// Every import in `src/` is one ARCHITECTURE.md's table allows, and every module has a row.
+#[test]
+fn every_import_is_allowed_by_the_architecture_table() {
+    let doc =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("ARCHITECTURE.md"))
+            .expect("read ARCHITECTURE.md");
+    let allowed = allowed_in(&doc);
+    assert!(allowed.len() > 20, "the table was not found: {allowed:?}");
+    let g = graph();
+    assert!(g.len() > 10, "the source tree was not found: {g:?}");
+    let found = violations(&g, &allowed);
+    assert!(
+        found.is_empty(),
+        "imports that ARCHITECTURE.md's \"What may import what\" does not allow (change the \
+         code, or the table with a reason):\n{}",
+        found.join("\n")
+    );
+    // A row for a module that no longer exists is stale too.
+    let stale: Vec<&String> = allowed.keys().filter(|m| !g.contains_key(*m)).collect();
+    assert!(
+        stale.is_empty(),
+        "rows for modules that are gone: {stale:?}"
+    );
 }
