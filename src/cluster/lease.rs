@@ -54,6 +54,7 @@ use std::time::Duration;
 use redis::Value;
 use tokio::sync::{watch, Notify};
 
+use super::endpoints::EndpointGates;
 use super::link::Link;
 use super::scripts::LEASE_SYNC;
 use crate::feedback::capacity::PoolCapacity;
@@ -96,6 +97,8 @@ pub struct LeaseGate {
     ttl: Duration,
     /// Woken by the queue when demand changes.
     pub demand: Arc<Notify>,
+    /// The pool's endpoints' leases, driven by this gate's rounds (see `endpoints`).
+    endpoints: Option<Arc<EndpointGates>>,
     state: Mutex<State>,
 }
 
@@ -117,6 +120,7 @@ impl LeaseGate {
         capacity: Arc<PoolCapacity>,
         configured: u32,
         cfg: &crate::config::ClusterConfig,
+        endpoints: Option<Arc<EndpointGates>>,
     ) -> Arc<Self> {
         let key = |k: &str| link.key(&["pool", name, k]);
         let keys = [key("leases"), key("active"), key("waiting"), key("limit")];
@@ -130,6 +134,7 @@ impl LeaseGate {
             expected_replicas: cfg.expected_replicas.max(1),
             ttl: Duration::from_millis(cfg.lease_ttl_ms),
             demand,
+            endpoints,
             state: Mutex::new(State {
                 limit: configured,
                 seen_local_limit: configured,
@@ -161,6 +166,16 @@ impl LeaseGate {
     /// fair share while others wait) while they are certainly valid; past that, nothing new —
     /// or in degraded mode the allowance.
     fn slots(&self, st: &State) -> u32 {
+        self.pool_slots(st).min(self.endpoint_slots())
+    }
+
+    /// The endpoints' leased slots, summed (no limit without endpoint gates).
+    fn endpoint_slots(&self) -> u32 {
+        self.endpoints.as_ref().map_or(u32::MAX, |e| e.slots())
+    }
+
+    /// [`LeaseGate::slots`] by the pool's leases alone.
+    fn pool_slots(&self, st: &State) -> u32 {
         let held = u32::try_from(st.held.len()).unwrap_or(u32::MAX);
         let valid = st
             .valid_until
@@ -195,14 +210,21 @@ impl LeaseGate {
             let urgent = {
                 let st = self.lock();
                 st.unmet || st.others > 0 || saturated || self.link.degraded()
-            };
+            } || self.endpoints.as_ref().is_some_and(|e| e.urgent());
             let wait = if urgent {
                 CONTENTION_TICK
             } else {
                 renew.saturating_sub(last.elapsed())
             };
+            let blocked = async {
+                match &self.endpoints {
+                    Some(e) => e.blocked().notified().await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 _ = self.demand.notified() => {}
+                _ = blocked => {}
                 _ = tokio::time::sleep(wait) => {}
                 r = stop.wait_for(|s| *s), if !stopping => {
                     stopping = true;
@@ -211,14 +233,24 @@ impl LeaseGate {
             }
             let (queued, in_flight) = self.queue.load();
             if stopping && queued == 0 && in_flight == 0 {
-                self.round(true).await;
+                self.rounds(true).await;
                 return;
             }
             let due = last.elapsed() >= renew || (urgent && last.elapsed() >= CONTENTION_TICK);
-            if self.round(due).await {
+            if self.rounds(due).await {
                 last = tokio::time::Instant::now();
             }
         }
+    }
+
+    /// The pool's round and its endpoints' (concurrently), then the queue's slots from both.
+    async fn rounds(&self, renew_due: bool) -> bool {
+        let Some(endpoints) = &self.endpoints else {
+            return self.round(renew_due).await;
+        };
+        let (pool, _) = tokio::join!(self.round(renew_due), endpoints.round(renew_due));
+        self.apply(&self.lock());
+        pool
     }
 
     /// One round; `renew_due` forces a call. Returns whether a call succeeded.
@@ -268,6 +300,7 @@ impl LeaseGate {
                     .valid_until
                     .is_some_and(|t| tokio::time::Instant::now() < t);
                 let cap = if valid { by_share } else { 0 };
+                let cap = cap.min(self.endpoint_slots());
                 self.queue.keep_cluster_slots(target, held, cap) as usize
             };
             let target = target as usize;
@@ -347,16 +380,17 @@ impl LeaseGate {
     }
 }
 
-struct Answer {
-    granted: Vec<u64>,
-    lost: Vec<u64>,
-    share: u32,
-    others: u32,
-    limit: u32,
-    leases: u32,
+/// One [`LEASE_SYNC`] answer.
+pub(super) struct Answer {
+    pub(super) granted: Vec<u64>,
+    pub(super) lost: Vec<u64>,
+    pub(super) share: u32,
+    pub(super) others: u32,
+    pub(super) limit: u32,
+    pub(super) leases: u32,
 }
 
-fn parse(v: &Value) -> Option<Answer> {
+pub(super) fn parse(v: &Value) -> Option<Answer> {
     let Value::Array(items) = v else {
         return None;
     };

@@ -4,6 +4,8 @@
 //! - [`lease`]: a pool's `max_concurrency` (and the limit learned from 429s) holds across all
 //!   replicas — slots are leases with a TTL in a sorted set, leased in blocks, renewed in one
 //!   call per tick, reclaimed when a replica dies.
+//! - [`endpoints`]: the same for each endpoint of a pool (`[[upstreams.endpoints]]`): its
+//!   capacity, learned limit and ejections hold across the replicas.
 //! - [`service`]: per-tenant weighted service in a shared hash; each replica charges a tenant's
 //!   DRR credit for what it received elsewhere (global fairness, with the bound stated there).
 //! - [`rate`]: per-tenant requests/tokens per minute as GCRA in Lua, corrected at reconcile.
@@ -13,7 +15,7 @@
 //!   [`Link`] (`impl jobs::store::Redis for Link`, with a longer response timeout).
 //!
 //! Not shared: what a tenant's own provider key learned (`feedback::keys`) stays local to each
-//! replica; only the pool key's learned limit is published through the leases.
+//! replica; only the pool's and its endpoints' learned limits are published through the leases.
 //!
 //! The pure scheduler is untouched by I/O: the queue only sees a slot count
 //! (`FairQueue::set_cluster_slots`) and debts (`FairQueue::charge_remote`). Every shared update
@@ -21,6 +23,7 @@
 //! round trip; a request waits for a lease round trip only when its replica held no spare slot.
 //! Absent `[cluster]`, none of this exists and a replica is exactly the single process.
 
+pub mod endpoints;
 pub mod lease;
 pub mod link;
 pub mod rate;
@@ -145,7 +148,17 @@ impl Cluster {
             .zip(admission.capacity.iter())
             .map(|((u, q), cap)| {
                 let max = u32::try_from(u.max_concurrency).unwrap_or(u32::MAX);
-                LeaseGate::new(link.clone(), &u.name, q.clone(), cap.clone(), max, &cfg)
+                let eps =
+                    endpoints::EndpointGates::new(link.clone(), u, q.clone(), cap.clone(), &cfg);
+                LeaseGate::new(
+                    link.clone(),
+                    &u.name,
+                    q.clone(),
+                    cap.clone(),
+                    max,
+                    &cfg,
+                    eps,
+                )
             })
             .collect();
         let weights = config

@@ -82,6 +82,28 @@ return {granted, lost, share, others, limit, redis.call('ZCARD', KEYS[1])}
     )
 });
 
+/// One pool's endpoint ejections, shared: publishes this replica's new ones and reads every
+/// endpoint's (one key per endpoint, present while it is out; its TTL is the time left).
+///
+/// KEYS: each endpoint's ejection key. ARGV: for each, the ms this replica ejected it for (0:
+/// nothing new); a shorter ejection never cuts a longer one short.
+/// Returns, for each endpoint, the ms left of its ejection (0: not ejected).
+pub static EJECT_SYNC: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"
+local out = {}
+for k = 1, #KEYS do
+  local ms = tonumber(ARGV[k]) or 0
+  if ms > 0 and redis.call('PTTL', KEYS[k]) < ms then
+    redis.call('SET', KEYS[k], '1', 'PX', ms)
+  end
+  table.insert(out, math.max(redis.call('PTTL', KEYS[k]), 0))
+end
+return out
+"#,
+    )
+});
+
 /// Rate admission (GCRA) of one request on a tenant's token and request buckets, both or
 /// neither charged. A bucket's state is its theoretical arrival time (TAT, µs); admitting n
 /// cells moves it to max(TAT, now) + n·T and is allowed while that is ≤ now + B·T.

@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use http::{HeaderMap, StatusCode};
 
-use super::endpoints::{health::Rules, Balancer, NoPick, Signal, Spec, Ticket, View};
+use super::endpoints::{health::Rules, Balancer, Load, NoPick, Signal, Spec, Ticket, View};
 use crate::config::UpstreamConfig;
 use crate::queue::FairQueue;
 
@@ -59,6 +59,8 @@ pub struct PoolCapacity {
     overloads: AtomicU64,
     /// Woken when a request leaves an endpoint's wire or the capacity changes by itself.
     freed: tokio::sync::Notify,
+    /// Cluster mode: told when a pick waits on an endpoint's leases (the lease gate listens).
+    pub blocked: tokio::sync::Notify,
 }
 
 /// One request on an endpoint's wire, from pick until its answer is refused or its body ends
@@ -88,6 +90,20 @@ impl Drop for WireTicket {
         if let Some(t) = self.ticket.take() {
             self.pool.lock().balancer.release(t);
             self.pool.freed.notify_waiters();
+        }
+    }
+}
+
+/// A pick counted as waiting on endpoints' leases; uncounted on drop.
+struct Waiting<'a> {
+    pool: &'a PoolCapacity,
+    mask: u64,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if self.mask != 0 {
+            self.pool.lock().balancer.unwait(self.mask);
         }
     }
 }
@@ -165,6 +181,7 @@ impl PoolCapacity {
             epoch: tokio::time::Instant::now(),
             overloads: AtomicU64::new(0),
             freed: tokio::sync::Notify::new(),
+            blocked: tokio::sync::Notify::new(),
         });
         {
             let mut st = this.lock();
@@ -251,12 +268,18 @@ impl PoolCapacity {
         wait: Duration,
     ) -> Result<WireTicket, NoPick> {
         let until = tokio::time::Instant::now() + wait;
+        // Cluster mode: what this pick waits on, counted until it returns (see `wait_on`).
+        let mut waiting = Waiting {
+            pool: self,
+            mask: 0,
+        };
         loop {
             let freed = self.freed.notified();
             tokio::pin!(freed);
             freed.as_mut().enable();
             let now = self.now();
-            match self.lock().balancer.pick(now, model, exclude) {
+            let picked = self.lock().balancer.pick(now, model, exclude);
+            match picked {
                 Ok(t) => {
                     return Ok(WireTicket {
                         pool: self.clone(),
@@ -264,6 +287,13 @@ impl PoolCapacity {
                     })
                 }
                 Err(NoPick::None) => return Err(NoPick::None),
+                Err(NoPick::Busy) if waiting.mask == 0 => {
+                    let mask = self.lock().balancer.wait_on(now, model, exclude);
+                    if mask != 0 {
+                        waiting.mask = mask;
+                        self.blocked.notify_one();
+                    }
+                }
                 Err(NoPick::Busy) => {}
             }
             if tokio::time::timeout_at(until, freed).await.is_err() {
@@ -286,6 +316,41 @@ impl PoolCapacity {
             .iter()
             .enumerate()
             .any(|(i, v)| (i >= 64 || exclude & (1 << i) == 0) && v.state != "ejected")
+    }
+
+    /// Cluster mode: whether a pick waits on an endpoint's leases.
+    pub fn waiting(&self) -> bool {
+        self.lock().balancer.waiting()
+    }
+
+    /// Cluster mode: every endpoint's load now (see `cluster::endpoints`).
+    pub fn loads(&self) -> Vec<Load> {
+        let now = self.now();
+        self.lock().balancer.loads(now)
+    }
+
+    /// Cluster mode: the slots leased for endpoint `i` (`None`: no cluster limit); waiting
+    /// picks look again.
+    pub fn set_endpoint_slots(&self, i: usize, slots: Option<u32>) {
+        self.lock().balancer.set_cluster_cap(i, slots);
+        self.freed.notify_waiters();
+    }
+
+    /// Cluster mode, before leases of endpoint `i` are given back: see
+    /// [`Balancer::keep_cluster`].
+    pub fn keep_endpoint_slots(&self, i: usize, target: u32, held: u32, cap: u32) -> u32 {
+        let keep = self.lock().balancer.keep_cluster(i, target, held, cap);
+        self.freed.notify_waiters();
+        keep
+    }
+
+    /// Cluster mode: another replica ejected endpoint `i` for `left` more; see
+    /// [`Balancer::hold_out`].
+    pub fn hold_out(self: &Arc<Self>, i: usize, left: Duration) {
+        let now = self.now();
+        let mut st = self.lock();
+        st.balancer.hold_out(i, now, now + left);
+        self.apply(&mut st, now);
     }
 
     /// Feeds one answer to the endpoint of `ticket`, for a request for `model` as sent.

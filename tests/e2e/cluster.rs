@@ -1,15 +1,16 @@
 //! Cluster mode end to end: a real `redis-server` (started here on a free port, killed on drop),
 //! three fairgate replicas on port 0 and the bundled mock upstream. One file per topic:
-//! `leases` (pool capacity across replicas), `fairness` (weights and shares across replicas),
-//! `limits` (tenant rate and token limits), `degraded` (Redis away, stalled or cut off from one
-//! replica), `replicas` (replica identity and restarts), `jobs` (jobs and batches across
-//! replicas), `tls` (`rediss://`).
+//! `leases` (pool capacity across replicas), `endpoints` (a pool's endpoints across replicas),
+//! `fairness` (weights and shares across replicas), `limits` (tenant rate and token limits),
+//! `degraded` (Redis away, stalled or cut off from one replica), `replicas` (replica identity
+//! and restarts), `jobs` (jobs and batches across replicas), `tls` (`rediss://`).
 //!
 //! Without `redis-server` on PATH the tests fail, naming the package to install; a developer who
 //! cannot install it opts out explicitly with `FAIRGATE_SKIP_REDIS=1` (they then pass as skipped
 //! with a message). Loops are bounded; no assertion is on wall-clock time.
 
 mod degraded;
+mod endpoints;
 mod fairness;
 mod jobs;
 mod leases;
@@ -33,10 +34,14 @@ use fairgate_mock::{MockConfig, MockServer};
 /// timeout must not put a replica in degraded mode (it once did, and its allowance came on top
 /// of the others' leases: 8 in flight for a limit of 6).
 fn replica(redis: &Redis, base_url: &str, i: usize, capacity: usize) -> Conf {
+    clustered(Conf::pool(base_url, capacity), redis, i)
+}
+
+/// `conf` as replica `i` of a three-replica cluster on `redis` (the settings of [`replica`]).
+fn clustered(conf: Conf, redis: &Redis, i: usize) -> Conf {
     // One connection worker per replica: the replicas of a test (and the tests of this binary)
     // share two cores, and the lease and sync rounds run on the test's runtime.
-    Conf::pool(base_url, capacity)
-        .server("workers", 1)
+    conf.server("workers", 1)
         .set("scheduler.quantum", 1024)
         .set("cluster.redis_url", redis.url())
         .set("cluster.lease_ttl_ms", 1500)

@@ -110,6 +110,15 @@ impl Health {
         }
     }
 
+    /// Another replica ejected this endpoint until `until` (cluster mode): out until then, then
+    /// due a probe, as after an own ejection, but counted as none of this replica's ejections
+    /// and leaving the backoff as it was. An endpoint already out longer stays as it is.
+    pub fn hold_out(&mut self, until: Duration) {
+        if self.until().is_none_or(|u| u < until) {
+            self.state = State::Ejected { until };
+        }
+    }
+
     fn record(&mut self, failed: bool, rules: &Rules) {
         let n = rules.error_window;
         self.window = (self.window << 1) | u64::from(failed);

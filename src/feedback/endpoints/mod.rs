@@ -22,11 +22,16 @@
 //! Invariants: an endpoint never has more requests in flight than its limit at the moment each
 //! was picked (a probe: one); an ejected endpoint whose probe is not due gets nothing; the pool's
 //! last endpoint in service is never ejected; model pauses per endpoint are bounded
-//! ([`MAX_MODEL_PAUSES`], beyond it the endpoint pauses whole).
+//! ([`MAX_MODEL_PAUSES`], beyond it the endpoint pauses whole). In cluster mode ([`shared`]) the
+//! limit a pick obeys is also capped at the slots this replica leased for that endpoint, and an
+//! ejection another replica saw holds the endpoint out here too.
 
 pub mod health;
+mod shared;
 #[cfg(test)]
 mod tests;
+
+pub use shared::Load;
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -107,6 +112,10 @@ struct Endpoint {
     models: HashMap<Box<str>, Duration>,
     throttled: u64,
     failovers: u64,
+    /// Cluster mode: the slots this replica holds leases for here (`None`: no cluster).
+    cluster_cap: Option<u32>,
+    /// Cluster mode: picks waiting that only its cap keeps from it (see `shared`).
+    waiting: u32,
 }
 
 impl Endpoint {
@@ -120,6 +129,8 @@ impl Endpoint {
             models: HashMap::new(),
             throttled: 0,
             failovers: 0,
+            cluster_cap: None,
+            waiting: 0,
         }
     }
 
@@ -303,7 +314,8 @@ impl Balancer {
             if (i < 64 && exclude & (1 << i) != 0) || !e.in_service(now) {
                 continue;
             }
-            let limit = e.limit(now);
+            // In cluster mode also within the leases held for it (see `shared`).
+            let limit = e.limit(now).min(e.cluster_cap.unwrap_or(u32::MAX));
             let free = limit.saturating_sub(e.in_flight);
             let until = e.paused_until(model, now);
             if free == 0 {
