@@ -16,6 +16,7 @@ mod jobs;
 mod leases;
 mod limits;
 mod replicas;
+mod tenants;
 mod tls;
 
 use std::net::SocketAddr;

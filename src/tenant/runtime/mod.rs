@@ -600,6 +600,21 @@ impl Registry {
                 return Err(e);
             }
         };
+        if version < since {
+            // The store lost what it held (a Redis restarted without persistence, or flushed):
+            // versions start again from there. The index keeps serving what it knew (nothing
+            // revoked comes back: revoked keys are not in it); the next sync reads the store
+            // again from the start, and new writes apply again.
+            tracing::error!(
+                had = since,
+                now = version,
+                "runtime tenants: the store's version went back; Redis lost its data"
+            );
+            self.write().seen.clear();
+            self.synced.store(0, Ordering::Release);
+            self.more.store(true, Ordering::Release);
+            return Ok(false);
+        }
         let before = self.tenants_version();
         self.more.store(more, Ordering::Release);
         if !changes.is_empty() {
