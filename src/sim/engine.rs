@@ -8,6 +8,7 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::time::Duration;
 
+use super::endpoints::{Fleet, Sent};
 use super::report::{Recorder, Report};
 use super::rng::Rng;
 use super::scenario::Scenario;
@@ -92,6 +93,13 @@ pub fn run(scenario: &Scenario, policy: Policy) -> Report {
     let mut aimd = pool
         .provider_capacity
         .map(|_| Aimd::new(pool.capacity).with_cooldown(ms(pool.service_ms)));
+    let retry_after = ms(pool.provider_retry_after_ms);
+    let mut fleet = Fleet::new(
+        &pool.endpoints,
+        pool.capacity,
+        ms(pool.service_ms),
+        retry_after,
+    );
     let mut done: BinaryHeap<Reverse<(u64, u64)>> = BinaryHeap::new();
     let mut pending: Vec<Option<Done>> = Vec::new();
     let mut provider_in_flight = 0u32;
@@ -102,10 +110,16 @@ pub fn run(scenario: &Scenario, policy: Policy) -> Report {
             .as_ref()
             .filter(|a| sched.queued() > 0 && a.paused(us(now)))
             .map(|a| a.paused_until().as_micros() as u64);
+        let fleet_change = fleet
+            .as_ref()
+            .filter(|_| sched.queued() > 0)
+            .and_then(|f| f.next_change(us(now)))
+            .map(|t| t.as_micros() as u64);
         let candidates = [
             arrivals.get(next_arrival).map(|a| a.0),
             done.peek().map(|d| d.0 .0),
             paused_until,
+            fleet_change,
         ];
         let Some(t) = candidates.into_iter().flatten().min() else {
             break;
@@ -122,6 +136,9 @@ pub fn run(scenario: &Scenario, policy: Policy) -> Report {
                 .expect("each completion fires once")
             {
                 Done::Served(req, slot) => {
+                    if let Some(f) = fleet.as_mut() {
+                        f.done(i, us(now));
+                    }
                     sched.reconcile(slot, Tokens(req.actual));
                     sched.complete(slot);
                     if let Some(a) = aimd.as_mut() {
@@ -168,30 +185,52 @@ pub fn run(scenario: &Scenario, policy: Policy) -> Report {
             }
             sched.set_capacity(a.limit());
         }
+        if let Some(f) = fleet.as_ref() {
+            match f.capacity(us(now)) {
+                0 => continue,
+                c => sched.set_capacity(c),
+            }
+        }
         // Who is backlogged at this instant shares the entitlement of what it dispatches.
         let backlog = rec.backlogged(&sched, &keys);
         while let Some(g) = sched.dispatch(us(now), &mut |r: &Req| Tokens(r.estimate)) {
             let mut req = g.item;
             req.attempts += 1;
-            let overloaded = pool
-                .provider_capacity
-                .is_some_and(|k| provider_in_flight >= k);
+            let sent = fleet
+                .as_mut()
+                .map(|f| f.send(pending.len() as u64, us(now)));
+            let (slowdown, delay_us) = match sent {
+                Some(Sent::Served { slowdown, delay_us }) => (slowdown, delay_us),
+                _ => (1.0, 0),
+            };
+            let overloaded = match sent {
+                Some(s) => s == Sent::Overloaded,
+                None => pool
+                    .provider_capacity
+                    .is_some_and(|k| provider_in_flight >= k),
+            };
             provider_in_flight += 1;
             let (finish, outcome) = if overloaded {
                 rec.provider_429(req.tenant);
                 (now + 50_000, Done::Overloaded(req, g.slot))
             } else {
                 rec.dispatched(req.tenant, now - req.arrived_us, req.actual, &backlog);
-                let service = pool.service_ms
-                    + pool.service_ms_per_1k_tokens * req.actual as f64 / 1000.0
+                let service = (pool.service_ms
+                    + pool.service_ms_per_1k_tokens * req.actual as f64 / 1000.0)
+                    * slowdown
                     + req.hold_ms;
-                (now + (service * 1000.0) as u64, Done::Served(req, g.slot))
+                let finish = now + delay_us + (service * 1000.0) as u64;
+                (finish, Done::Served(req, g.slot))
             };
             done.push(Reverse((finish, pending.len() as u64)));
             pending.push(Some(outcome));
         }
     }
-    rec.report(scenario, policy, now, aimd.map(|a| a.limit()))
+    let mut report = rec.report(scenario, policy, now, aimd.map(|a| a.limit()));
+    if let Some(f) = &fleet {
+        report.endpoints = f.rows(us(now));
+    }
+    report
 }
 
 fn us(t: u64) -> Duration {

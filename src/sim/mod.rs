@@ -6,6 +6,7 @@
 //! as the proxy does — enqueue, dispatch with the estimate of the moment, complete, reconcile —
 //! so what it shows is what the proxy's scheduling does, minus the network.
 
+mod endpoints;
 mod engine;
 mod report;
 mod rng;

@@ -133,6 +133,7 @@ impl Recorder {
             jain_index: jain,
             learned_limit,
             tenants: groups,
+            endpoints: Vec::new(),
         }
     }
 }
@@ -210,6 +211,9 @@ pub struct Report {
     pub learned_limit: Option<u32>,
     /// Per tenant (or group).
     pub tenants: Vec<Row>,
+    /// Per endpoint, when the pool has several (`sim::endpoints`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub endpoints: Vec<super::endpoints::EndpointRow>,
 }
 
 impl Report {
@@ -266,6 +270,6 @@ impl fmt::Display for Report {
                 r.provider_429
             )?;
         }
-        Ok(())
+        super::endpoints::table(f, &self.endpoints)
     }
 }

@@ -57,6 +57,10 @@ pub struct Pool {
     /// `Retry-After` the provider sends with its 429s, ms.
     #[serde(default = "default_retry_after")]
     pub provider_retry_after_ms: f64,
+    /// Several deployments below the pool (`[[pool.endpoints]]`, see `sim::endpoints`); none:
+    /// one provider as above.
+    #[serde(default)]
+    pub endpoints: Vec<super::endpoints::EndpointSpec>,
 }
 
 fn default_quantum() -> u64 {
