@@ -12,7 +12,9 @@
 //! `application/json` (415), valid JSON (400) and a string `model` (400); the bytes are kept as
 //! received and the request continues as `Request<Bytes>` — later stages never re-read it, and
 //! re-serialize it in one case only: the estimate stage asks for `stream_options.include_usage`
-//! on behalf of a streaming client that did not.
+//! on behalf of a streaming client that did not. One exception: a file upload (`POST
+//! /v1/files`) is not read here but handed on as a stream ([`crate::context::Upload`]) for the
+//! `jobs` stage, which bounds it by `[jobs] max_file_bytes` and holds a chunk at a time.
 
 pub mod linger;
 pub mod timeout;
@@ -271,6 +273,11 @@ fn declared_length(headers: &http::HeaderMap) -> Option<u64> {
         .and_then(|v| v.parse::<u64>().ok())
 }
 
+/// Whether the request is a file upload (`POST /v1/files`), streamed by `jobs`.
+pub fn is_upload(method: &Method, path: &str) -> bool {
+    method == Method::POST && path == "/v1/files"
+}
+
 /// Reads a body up to `max` bytes.
 pub async fn read<B>(headers: &http::HeaderMap, body: B, max: usize) -> Result<Bytes, Error>
 where
@@ -359,7 +366,14 @@ where
         Box::pin(async move {
             let ctx = crate::context::of(&req)?;
             let tenant = ctx.identity()?.tenant.clone();
-            let (parts, body) = req.into_parts();
+            let (mut parts, body) = req.into_parts();
+            // A file upload is read by `jobs` as a stream, bounded by `[jobs] max_file_bytes`
+            // (not by `max_body_bytes`) and held a chunk at a time: handed on unread.
+            if is_upload(&parts.method, parts.uri.path()) {
+                let body = body.map_err(|e| -> BoxError { e.into() }).boxed_unsync();
+                parts.extensions.insert(crate::context::Upload::new(body));
+                return inner.call(Request::from_parts(parts, Bytes::new())).await;
+            }
             let json = is_json_endpoint(&parts.method, parts.uri.path());
             if json && !is_json(&parts.headers) {
                 return Err(Error::UnsupportedMediaType.into());

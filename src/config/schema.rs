@@ -93,6 +93,12 @@ pub struct JobsConfig {
     /// With `[cluster]`: how long a replica's claim on a job holds without renewal (renewed
     /// every third of it); a job whose replica died runs elsewhere after this.
     pub lease_ms: u64,
+    /// Largest `/v1/files` upload in bytes (whatever `[server] max_body_bytes` says).
+    pub max_file_bytes: u64,
+    /// Most (non-blank) lines of an uploaded file.
+    pub max_file_lines: u64,
+    /// File uploads and downloads one tenant may have open at once.
+    pub max_transfers_per_tenant: usize,
 }
 
 impl Default for JobsConfig {
@@ -104,6 +110,9 @@ impl Default for JobsConfig {
             max_queued_jobs_per_tenant: 50_000,
             max_stored_bytes_per_tenant: 512 << 20,
             lease_ms: 30_000,
+            max_file_bytes: 200_000_000,
+            max_file_lines: 50_000,
+            max_transfers_per_tenant: 4,
         }
     }
 }

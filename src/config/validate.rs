@@ -173,6 +173,18 @@ pub fn validate(c: &Config) -> Result<(), ConfigError> {
         if jobs.max_inflight_per_tenant == 0 {
             return Err(invalid("jobs.max_inflight_per_tenant", "must be > 0"));
         }
+        for (key, v) in [
+            ("jobs.max_file_bytes", jobs.max_file_bytes),
+            ("jobs.max_file_lines", jobs.max_file_lines),
+            (
+                "jobs.max_transfers_per_tenant",
+                jobs.max_transfers_per_tenant as u64,
+            ),
+        ] {
+            if v == 0 {
+                return Err(invalid(key, "must be > 0"));
+            }
+        }
         if jobs.path.as_os_str().is_empty() {
             return Err(invalid("jobs.path", "must not be empty"));
         }

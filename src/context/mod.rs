@@ -88,6 +88,36 @@ pub struct Context {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PeerAddr(pub std::net::IpAddr);
 
+/// A request body handed on unread: `POST /v1/files`, whose body (up to `[jobs]
+/// max_file_bytes`, far over `max_body_bytes`) the `jobs` stage parses as a stream. Put in the
+/// request's extensions by `body` (the request itself goes on with an empty body); taken once.
+#[derive(Clone)]
+pub struct Upload(Arc<std::sync::Mutex<Option<UploadBody>>>);
+
+/// The body of an [`Upload`].
+pub type UploadBody = http_body_util::combinators::UnsyncBoxBody<
+    bytes::Bytes,
+    Box<dyn std::error::Error + Send + Sync>,
+>;
+
+impl Upload {
+    /// Hands `body` on.
+    pub fn new(body: UploadBody) -> Self {
+        Self(Arc::new(std::sync::Mutex::new(Some(body))))
+    }
+
+    /// The body, once.
+    pub fn take(&self) -> Option<UploadBody> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+}
+
+impl std::fmt::Debug for Upload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Upload").finish_non_exhaustive()
+    }
+}
+
 /// A job re-entering the stack (`jobs::runner`): put in the request's extensions by the runner,
 /// never by a connection (extensions do not come from the wire). The tenant stage identifies
 /// the request as `tenant` in the batch class without a key; `refused` receives fairgate's own

@@ -6,7 +6,7 @@ use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 
 use super::store::{self, File};
-use super::{batch, multipart, Error, Jobs, JOBS_PATH, JOB_STATUS_HEADER};
+use super::{batch, files, Error, Jobs, JOBS_PATH, JOB_STATUS_HEADER};
 use crate::response::ResponseBody;
 
 /// Whether `path` is answered by this module.
@@ -42,7 +42,7 @@ async fn route(
     let res = match (&method, segments.as_slice()) {
         (&Method::GET, ["v1", "fairgate", "jobs", id]) => job_status(jobs, tenant, id).await?,
         (&Method::DELETE, ["v1", "fairgate", "jobs", id]) => job_cancel(jobs, tenant, id).await?,
-        (&Method::POST, ["v1", "files"]) => upload(jobs, tenant, req).await?,
+        (&Method::POST, ["v1", "files"]) => files::upload(jobs, tenant, req).await?,
         (&Method::GET, ["v1", "files"]) => list_files(jobs, tenant, req.uri().query()).await?,
         (&Method::GET, ["v1", "files", id]) => {
             let f = jobs
@@ -52,19 +52,7 @@ async fn route(
                 .ok_or(Error::NotFound("file"))?;
             json(StatusCode::OK, &file_doc(&f))
         }
-        (&Method::GET, ["v1", "files", id, "content"]) => {
-            let c = jobs
-                .store()
-                .file_content(tenant, id)
-                .await?
-                .ok_or(Error::NotFound("file"))?;
-            let mut res = Response::new(ResponseBody::full(c));
-            res.headers_mut().insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/octet-stream"),
-            );
-            res
-        }
+        (&Method::GET, ["v1", "files", id, "content"]) => files::download(jobs, tenant, id).await?,
         (&Method::DELETE, ["v1", "files", id]) => {
             if !jobs.store().delete_file(tenant, id).await? {
                 return Err(Error::NotFound("file"));
@@ -139,34 +127,6 @@ async fn job_cancel(jobs: &Jobs, tenant: &str, id: &str) -> Result<Response<Resp
         StatusCode::OK,
         &serde_json::json!({"id": id, "object": "fairgate.job", "status": state}),
     ))
-}
-
-async fn upload(
-    jobs: &Jobs,
-    tenant: &str,
-    req: &Request<Bytes>,
-) -> Result<Response<ResponseBody>, Error> {
-    let form = multipart::parse(req.headers(), req.body())?;
-    let purpose = form.field("purpose").unwrap_or_default().to_owned();
-    if purpose != "batch" {
-        return Err(Error::invalid(
-            "`purpose` must be `batch` (the only purpose fairgate stores files for)",
-            Some("purpose"),
-        ));
-    }
-    let (filename, content) = form
-        .file
-        .ok_or_else(|| Error::invalid("a `file` part is required", Some("file")))?;
-    jobs.check_limits(tenant, 0, content.len() as u64).await?;
-    let f = File {
-        id: super::new_id("file-"),
-        purpose,
-        filename,
-        bytes: content.len() as u64,
-        created: store::now(),
-    };
-    jobs.store().insert_file(tenant, &f, &content).await?;
-    Ok(json(StatusCode::OK, &file_doc(&f)))
 }
 
 /// OpenAI's file object.

@@ -29,6 +29,9 @@ pub enum Error {
         /// The field at fault.
         param: Option<&'static str>,
     },
+    /// An upload larger than `[jobs] max_file_bytes`.
+    #[error("the file is larger than {0} bytes (max_file_bytes)")]
+    TooLarge(u64),
     /// The method is not allowed on this path.
     #[error("method not allowed")]
     Method,
@@ -66,6 +69,7 @@ impl ApiError for Error {
         match self {
             Error::NotFound(_) | Error::Disabled => StatusCode::NOT_FOUND,
             Error::Stream | Error::Invalid { .. } => StatusCode::BAD_REQUEST,
+            Error::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Error::Limit { .. } => StatusCode::TOO_MANY_REQUESTS,
             Error::Method => StatusCode::METHOD_NOT_ALLOWED,
             Error::Store(super::store::StoreError::Redis) => StatusCode::SERVICE_UNAVAILABLE,
@@ -85,6 +89,7 @@ impl ApiError for Error {
             Error::Stream => "stream_not_async",
             Error::Limit { .. } => "job_limit_exceeded",
             Error::Invalid { .. } => "invalid_request",
+            Error::TooLarge(_) => "file_too_large",
             Error::Method => "method_not_allowed",
             Error::Store(super::store::StoreError::Redis) => "job_store_unavailable",
             Error::Store(_) => "internal_error",
@@ -94,6 +99,7 @@ impl ApiError for Error {
         match self {
             Error::Stream => Some("stream"),
             Error::Invalid { param, .. } => *param,
+            Error::TooLarge(_) => Some("file"),
             _ => None,
         }
     }

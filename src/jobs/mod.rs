@@ -25,10 +25,11 @@
 pub mod api;
 pub mod batch;
 pub mod error;
+pub mod files;
 pub mod layer;
-pub mod multipart;
 pub mod runner;
 pub mod store;
+pub mod transfer;
 
 use std::sync::Arc;
 
@@ -71,6 +72,10 @@ struct Inner {
     config: JobsConfig,
     wake: tokio::sync::Notify,
     meter: Option<Arc<dyn Meter>>,
+    transfers: Arc<transfer::Transfers>,
+    /// The longest line an uploaded file may have (`[server] max_body_bytes`: a line is a
+    /// request body).
+    max_line: std::sync::atomic::AtomicUsize,
 }
 
 impl Jobs {
@@ -99,6 +104,8 @@ impl Jobs {
             config: config.clone(),
             wake: tokio::sync::Notify::new(),
             meter,
+            transfers: transfer::Transfers::new(config.max_transfers_per_tenant),
+            max_line: std::sync::atomic::AtomicUsize::new(8 << 20),
         }))
     }
 
@@ -115,6 +122,24 @@ impl Jobs {
     /// The `[jobs]` settings in force (fixed at startup).
     pub fn config(&self) -> &JobsConfig {
         &self.0.config
+    }
+
+    /// The tenants' open file transfers.
+    pub fn transfers(&self) -> &Arc<transfer::Transfers> {
+        &self.0.transfers
+    }
+
+    /// Sets the longest line of an uploaded file (`[server] max_body_bytes`).
+    pub fn with_max_line(self, bytes: usize) -> Self {
+        self.0
+            .max_line
+            .store(bytes, std::sync::atomic::Ordering::Relaxed);
+        self
+    }
+
+    /// The longest line of an uploaded file.
+    pub fn max_line(&self) -> usize {
+        self.0.max_line.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Tells the runner there is work.

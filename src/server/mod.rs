@@ -184,6 +184,7 @@ impl State {
             }
             (None, _) => None,
         };
+        let jobs = jobs.map(|j| j.with_max_line(config.server.max_body_bytes));
         Ok(Self {
             jobs,
             runtime,

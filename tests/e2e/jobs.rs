@@ -571,6 +571,8 @@ mod batch_api {
 
 #[tokio::test]
 async fn stored_bytes_beyond_the_tenant_limit_are_a_429_tenant() {
+    // One JSON line of `n` bytes (an upload is checked line by line).
+    let line = |n: usize| format!("{{\"p\":\"{}\"}}", "x".repeat(n - 8));
     let mock = mock().await;
     let proxy = jobs_config(&mock.base_url())
         .set("jobs.max_stored_bytes_per_tenant", 300)
@@ -587,11 +589,11 @@ async fn stored_bytes_beyond_the_tenant_limit_are_a_429_tenant() {
             .body(Full::new(Bytes::from(body)))
             .unwrap()
     };
-    let r = send(upload(KEY_A, &"x".repeat(200))).await;
+    let r = send(upload(KEY_A, &line(200))).await;
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
-    let r = send(upload(KEY_A, &"x".repeat(200))).await;
+    let r = send(upload(KEY_A, &line(200))).await;
     r.assert_error(429, "job_limit_exceeded");
     assert_eq!(r.headers["x-fairgate-limit"], "tenant");
     // Tenant b's budget is its own.
-    assert_eq!(send(upload(KEY_B, &"x".repeat(200))).await.status, 200);
+    assert_eq!(send(upload(KEY_B, &line(200))).await.status, 200);
 }

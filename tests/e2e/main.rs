@@ -36,6 +36,7 @@ mod fair_queue;
 mod forwarding;
 mod hostile;
 mod jobs;
+mod jobs_files;
 mod jobs_restart;
 mod key_isolation;
 mod metrics;

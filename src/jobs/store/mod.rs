@@ -48,6 +48,9 @@ pub enum StoreError {
     Task,
 }
 
+/// Bytes of one stored file chunk (and of the buffer an upload fills before writing one).
+pub const CHUNK_BYTES: usize = 256 * 1024;
+
 /// Store results.
 pub type Result<T> = std::result::Result<T, StoreError>;
 
@@ -309,6 +312,56 @@ impl Store {
             }
             Store::Redis(r) => r.insert_file(tenant, f, content).await,
         }
+    }
+
+    /// Whether files are stored in chunks ([`Store::put_chunk`], [`Store::file_chunk`]); the
+    /// Redis backend stores a file whole ([`Store::insert_file`]).
+    pub fn chunked(&self) -> bool {
+        matches!(self, Store::Sqlite(_))
+    }
+
+    /// Stores chunk `seq` of the file `id` being uploaded (chunked stores only).
+    pub async fn put_chunk(&self, id: &str, seq: u32, data: bytes::Bytes) -> Result<()> {
+        let i = id.to_owned();
+        match self {
+            Store::Sqlite(db) => blocking(db, move |s| s.put_chunk(&i, seq, &data)).await,
+            Store::Redis(_) => Err(StoreError::Shape),
+        }
+    }
+
+    /// Makes the uploaded file `f`, its chunks stored, one of `tenant`'s files.
+    pub async fn commit_file(&self, tenant: &str, f: &File) -> Result<()> {
+        let (t, f) = (tenant.to_owned(), f.clone());
+        match self {
+            Store::Sqlite(db) => blocking(db, move |s| s.commit_file(&t, &f)).await,
+            Store::Redis(_) => Err(StoreError::Shape),
+        }
+    }
+
+    /// Drops the chunks of an upload that failed.
+    pub async fn abort_file(&self, id: &str) -> Result<()> {
+        let i = id.to_owned();
+        match self {
+            Store::Sqlite(db) => blocking(db, move |s| s.abort_file(&i)).await,
+            Store::Redis(_) => Ok(()),
+        }
+    }
+
+    /// Chunk `seq` of file `id` of `tenant` (`None`: past its end, or no such file). The Redis
+    /// backend's one chunk is the whole file.
+    pub async fn file_chunk(
+        &self,
+        tenant: &str,
+        id: &str,
+        seq: u32,
+    ) -> Result<Option<bytes::Bytes>> {
+        let (t, i) = (tenant.to_owned(), id.to_owned());
+        let chunk = match self {
+            Store::Sqlite(db) => blocking(db, move |s| s.file_chunk(&t, &i, seq)).await?,
+            Store::Redis(r) if seq == 0 => r.file_content(tenant, id).await?,
+            Store::Redis(_) => None,
+        };
+        Ok(chunk.map(bytes::Bytes::from))
     }
 
     /// The file `id` of `tenant`.

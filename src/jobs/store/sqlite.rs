@@ -14,7 +14,7 @@ use std::sync::Mutex;
 
 use rusqlite::{params, Connection, OptionalExtension};
 
-use super::{now, state, Claimed, Counts, File, Job, Line, NewJob};
+use super::{now, state, Claimed, Counts, File, Job, Line, NewJob, CHUNK_BYTES};
 
 /// SQLite errors.
 pub type Result<T> = std::result::Result<T, rusqlite::Error>;
@@ -34,6 +34,8 @@ CREATE TABLE IF NOT EXISTS files(
   id TEXT PRIMARY KEY, tenant TEXT NOT NULL, purpose TEXT NOT NULL, filename TEXT NOT NULL,
   bytes INTEGER NOT NULL, created INTEGER NOT NULL, content BLOB NOT NULL);
 CREATE INDEX IF NOT EXISTS files_tenant ON files(tenant);
+CREATE TABLE IF NOT EXISTS file_chunks(
+  file TEXT NOT NULL, seq INTEGER NOT NULL, data BLOB NOT NULL, PRIMARY KEY(file, seq));
 CREATE TABLE IF NOT EXISTS batches(
   id TEXT PRIMARY KEY, tenant TEXT NOT NULL, doc TEXT NOT NULL, status TEXT NOT NULL,
   created INTEGER NOT NULL, finished INTEGER);
@@ -64,6 +66,11 @@ impl Sqlite {
                 "jobs in flight when the previous process stopped are queued again"
             );
         }
+        // Chunks of uploads the previous process did not finish storing.
+        conn.execute(
+            "DELETE FROM file_chunks WHERE file NOT IN (SELECT id FROM files)",
+            [],
+        )?;
         Ok(Self {
             conn: Mutex::new(conn),
         })
@@ -233,14 +240,67 @@ impl Sqlite {
         })
     }
 
-    /// Stores a file.
+    /// Stores a file (its content in chunks of [`CHUNK_BYTES`]).
     pub fn insert_file(&self, tenant: &str, f: &File, content: &[u8]) -> Result<()> {
         self.with(|c| {
+            let tx = c.transaction()?;
+            put_file(&tx, tenant, f, content)?;
+            tx.commit()
+        })
+    }
+
+    /// Stores chunk `seq` of the file `id` being uploaded (not visible until
+    /// [`Sqlite::commit_file`]).
+    pub fn put_chunk(&self, id: &str, seq: u32, data: &[u8]) -> Result<()> {
+        self.with(|c| {
             c.execute(
-                "INSERT INTO files(id, tenant, purpose, filename, bytes, created, content) VALUES (?1,?2,?3,?4,?5,?6,?7)",
-                params![f.id, tenant, f.purpose, f.filename, f.bytes as i64, f.created as i64, content],
+                "INSERT OR REPLACE INTO file_chunks(file, seq, data) VALUES (?1, ?2, ?3)",
+                params![id, seq, data],
             )
             .map(drop)
+        })
+    }
+
+    /// Makes the uploaded file `f` (its chunks already stored) one of `tenant`'s files.
+    pub fn commit_file(&self, tenant: &str, f: &File) -> Result<()> {
+        self.with(|c| {
+            c.execute(
+                "INSERT INTO files(id, tenant, purpose, filename, bytes, created, content) VALUES (?1,?2,?3,?4,?5,?6,x'')",
+                params![f.id, tenant, f.purpose, f.filename, f.bytes as i64, f.created as i64],
+            )
+            .map(drop)
+        })
+    }
+
+    /// Drops the chunks of an upload that will not be committed.
+    pub fn abort_file(&self, id: &str) -> Result<()> {
+        self.with(|c| {
+            c.execute("DELETE FROM file_chunks WHERE file = ?1", [id])
+                .map(drop)
+        })
+    }
+
+    /// Chunk `seq` of file `id` of `tenant` (`None` past its end, or no such file). A file
+    /// stored whole (before chunks) is its one chunk 0.
+    pub fn file_chunk(&self, tenant: &str, id: &str, seq: u32) -> Result<Option<Vec<u8>>> {
+        self.with(|c| {
+            let chunk: Option<Vec<u8>> = c
+                .query_row(
+                    "SELECT k.data FROM file_chunks k JOIN files f ON f.id = k.file \
+                     WHERE k.file = ?1 AND k.seq = ?2 AND f.tenant = ?3",
+                    params![id, seq, tenant],
+                    |r| r.get(0),
+                )
+                .optional()?;
+            if chunk.is_some() || seq > 0 {
+                return Ok(chunk);
+            }
+            c.query_row(
+                "SELECT content FROM files WHERE id = ?1 AND tenant = ?2",
+                [id, tenant],
+                |r| r.get(0),
+            )
+            .optional()
         })
     }
 
@@ -256,26 +316,41 @@ impl Sqlite {
         })
     }
 
-    /// The content of file `id` of `tenant`.
+    /// The content of file `id` of `tenant`, whole.
     pub fn file_content(&self, tenant: &str, id: &str) -> Result<Option<Vec<u8>>> {
         self.with(|c| {
-            c.query_row(
-                "SELECT content FROM files WHERE id = ?1 AND tenant = ?2",
-                [id, tenant],
-                |r| r.get(0),
-            )
-            .optional()
+            let Some(mut content) = c
+                .query_row(
+                    "SELECT content FROM files WHERE id = ?1 AND tenant = ?2",
+                    [id, tenant],
+                    |r| r.get::<_, Vec<u8>>(0),
+                )
+                .optional()?
+            else {
+                return Ok(None);
+            };
+            let mut q = c.prepare("SELECT data FROM file_chunks WHERE file = ?1 ORDER BY seq")?;
+            let mut rows = q.query([id])?;
+            while let Some(r) = rows.next()? {
+                content.extend_from_slice(r.get_ref(0)?.as_blob()?);
+            }
+            Ok(Some(content))
         })
     }
 
-    /// Deletes file `id` of `tenant`; whether it existed.
+    /// Deletes file `id` of `tenant` and its chunks; whether it existed.
     pub fn delete_file(&self, tenant: &str, id: &str) -> Result<bool> {
         self.with(|c| {
-            c.execute(
+            let tx = c.transaction()?;
+            let n = tx.execute(
                 "DELETE FROM files WHERE id = ?1 AND tenant = ?2",
                 [id, tenant],
-            )
-            .map(|n| n > 0)
+            )?;
+            if n > 0 {
+                tx.execute("DELETE FROM file_chunks WHERE file = ?1", [id])?;
+            }
+            tx.commit()?;
+            Ok(n > 0)
         })
     }
 
@@ -354,19 +429,7 @@ impl Sqlite {
                 return Ok(false);
             };
             for (f, content) in files {
-                tx.execute(
-                    "INSERT INTO files(id, tenant, purpose, filename, bytes, created, content) \
-                     VALUES (?1,?2,?3,?4,?5,?6,?7)",
-                    params![
-                        f.id,
-                        tenant,
-                        f.purpose,
-                        f.filename,
-                        f.bytes as i64,
-                        f.created as i64,
-                        content
-                    ],
-                )?;
+                put_file(&tx, &tenant, f, content)?;
             }
             tx.execute(
                 "UPDATE batches SET doc = ?2, status = ?3, finished = ?4 WHERE id = ?1",
@@ -509,6 +572,10 @@ impl Sqlite {
                 "DELETE FROM batches WHERE finished IS NOT NULL AND finished < ?1",
                 [b],
             )?;
+            tx.execute(
+                "DELETE FROM file_chunks WHERE file IN (SELECT id FROM files WHERE created < ?1)",
+                [b],
+            )?;
             n += tx.execute("DELETE FROM files WHERE created < ?1", [b])?;
             tx.commit()?;
             Ok(n)
@@ -541,6 +608,21 @@ impl Sqlite {
 }
 
 /// A file from a row of `id, purpose, filename, bytes, created`.
+/// Inserts file `f` of `tenant` with `content` in chunks of [`CHUNK_BYTES`].
+fn put_file(tx: &rusqlite::Transaction<'_>, tenant: &str, f: &File, content: &[u8]) -> Result<()> {
+    tx.execute(
+        "INSERT INTO files(id, tenant, purpose, filename, bytes, created, content) VALUES (?1,?2,?3,?4,?5,?6,x'')",
+        params![f.id, tenant, f.purpose, f.filename, f.bytes as i64, f.created as i64],
+    )?;
+    for (seq, chunk) in content.chunks(CHUNK_BYTES).enumerate() {
+        tx.execute(
+            "INSERT INTO file_chunks(file, seq, data) VALUES (?1, ?2, ?3)",
+            params![f.id, seq as i64, chunk],
+        )?;
+    }
+    Ok(())
+}
+
 fn file_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<File> {
     Ok(File {
         id: r.get(0)?,
