@@ -110,6 +110,27 @@ fn readme_quickstart_config_validates() {
 }
 
 #[test]
+fn readme_endpoint_examples_validate() {
+    let readme = std::fs::read_to_string("README.md").unwrap();
+    let section = readme
+        .split("## Several endpoints and failover\n")
+        .nth(1)
+        .and_then(|rest| rest.split("\n## ").next())
+        .expect("the README has the section Several endpoints and failover");
+    let blocks: Vec<&str> = section
+        .split("```toml\n")
+        .skip(1)
+        .filter_map(|rest| rest.split("```").next())
+        .collect();
+    assert_eq!(blocks.len(), 2, "an Azure OpenAI and a vLLM-fleet example");
+    for block in blocks {
+        let text = format!("{block}\n[[tenants]]\nid = \"t\"\napi_keys = [\"k\"]\n");
+        let config = Config::from_toml_str(&text).unwrap_or_else(|e| panic!("{e}\n{block}"));
+        assert!(config.upstreams[0].endpoints.len() >= 3, "{block}");
+    }
+}
+
+#[test]
 fn health_answers_0_for_a_ready_server_and_1_otherwise() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let (_mock, proxy) = rt.block_on(crate::support::pair());
