@@ -242,3 +242,95 @@ pub fn go_duration(d: std::time::Duration) -> String {
     out.push('s');
     out
 }
+
+/// A budget period: a calendar day or month (in the configured [`Zone`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Period {
+    /// A calendar day.
+    Day,
+    /// A calendar month.
+    Month,
+}
+
+impl Period {
+    /// Both periods.
+    pub const ALL: [Period; 2] = [Period::Day, Period::Month];
+
+    /// `day` or `month`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Period::Day => "day",
+            Period::Month => "month",
+        }
+    }
+}
+
+/// The calendar that budget periods and the usage ledger's days are counted in (`[store]
+/// timezone`): UTC, an IANA zone of the bundled database, or a fixed offset.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Zone(jiff::tz::TimeZone);
+
+impl Default for Zone {
+    fn default() -> Self {
+        Self(jiff::tz::TimeZone::UTC)
+    }
+}
+
+impl Zone {
+    /// Parses `UTC`, an IANA name (`Europe/Berlin`) or a fixed offset (`+05:30`, `-08:00`).
+    pub fn parse(s: &str) -> Result<Self, String> {
+        if s.eq_ignore_ascii_case("utc") || s == "Z" {
+            return Ok(Self::default());
+        }
+        if let Some(sign) = s
+            .strip_prefix('+')
+            .map(|r| (1, r))
+            .or(s.strip_prefix('-').map(|r| (-1, r)))
+        {
+            let (k, rest) = sign;
+            let (h, m) = rest.split_once(':').unwrap_or((rest, "0"));
+            let parsed = h.parse::<i32>().ok().zip(m.parse::<i32>().ok());
+            if let Some((h, m)) = parsed.filter(|&(h, m)| h <= 18 && (0..60).contains(&m)) {
+                let offset = jiff::tz::Offset::from_seconds(k * (h * 3600 + m * 60))
+                    .map_err(|e| e.to_string())?;
+                return Ok(Self(jiff::tz::TimeZone::fixed(offset)));
+            }
+            return Err(format!("{s:?} is not an offset like \"+05:30\""));
+        }
+        jiff::tz::TimeZone::get(s).map(Self).map_err(|_| {
+            format!("unknown time zone {s:?} (use \"UTC\", an IANA name or \"+HH:MM\")")
+        })
+    }
+
+    /// The zone.
+    pub fn tz(&self) -> &jiff::tz::TimeZone {
+        &self.0
+    }
+}
+
+/// Money, in picodollars (10⁻¹² USD): exact for prices with up to six decimals per million
+/// tokens, up to about 18 million USD.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Usd(pub u64);
+
+impl Usd {
+    /// Picodollars in one dollar.
+    pub const PER_DOLLAR: u64 = 1_000_000_000_000;
+
+    /// From dollars (rounded to the picodollar; negative and NaN are 0).
+    pub fn from_dollars(d: f64) -> Self {
+        Self((d * Self::PER_DOLLAR as f64).round().max(0.0) as u64)
+    }
+
+    /// In dollars.
+    pub fn dollars(self) -> f64 {
+        self.0 as f64 / Self::PER_DOLLAR as f64
+    }
+}
+
+impl fmt::Display for Usd {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:.6}", self.dollars())
+    }
+}

@@ -16,6 +16,7 @@
 pub mod admin;
 pub mod admission;
 pub mod body;
+pub mod budget;
 pub mod cli;
 pub mod cluster;
 pub mod config;

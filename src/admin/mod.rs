@@ -16,6 +16,7 @@
 pub mod state;
 pub mod tenants;
 pub mod ui;
+pub mod usage;
 
 use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
@@ -307,11 +308,25 @@ where
                         .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
                     Ok(res)
                 }
+                (&Method::GET, "/admin/usage") => {
+                    let spending = a.admission.budgets.spending().clone();
+                    let q = req.uri().query().map(str::to_owned);
+                    let as_csv = req
+                        .headers()
+                        .get(header::ACCEPT)
+                        .and_then(|v| v.to_str().ok())
+                        .is_some_and(|v| v.contains("text/csv"));
+                    return Either::Left(Either::Right(Box::pin(usage::answer(
+                        spending, q, as_csv,
+                    ))));
+                }
                 (&Method::POST, "/admin/reload") => {
                     let hook = a.reload.as_ref().and_then(Weak::upgrade);
                     return Either::Left(Either::Right(Box::pin(reload(hook))));
                 }
-                (_, "/admin/reload" | "/admin/state") => Err(OpsError::MethodNotAllowed.into()),
+                (_, "/admin/reload" | "/admin/state" | "/admin/usage") => {
+                    Err(OpsError::MethodNotAllowed.into())
+                }
                 _ => Err(OpsError::NotFound.into()),
             },
         };

@@ -3,7 +3,10 @@
 //! In order, cheapest and least stateful first, so a refused request has charged nothing:
 //! 1. size caps (estimated input tokens, `max_tokens`) → 400;
 //! 2. deadline: parse the budget, predict the queue wait, refuse at once if infeasible → 429;
-//! 3. rate limits: charge the context's estimate to the tenant's buckets (through its ledger)
+//! 3. budgets: reserve the estimate against every day and month budget of the tenant
+//!    (`budget`) → 429 `insufficient_quota`; given back if the rate limits refuse, settled
+//!    with the usage (and written to the usage ledger) when the request ends;
+//! 4. rate limits: charge the context's estimate to the tenant's buckets (through its ledger)
 //!    → 429.
 //!
 //! Writes the context's `rate` (the bucket state charged or refused with, which the
@@ -27,6 +30,7 @@ use futures_util::future::BoxFuture;
 use http::{Request, Response};
 
 use super::{deadline, Admission, Error as AdmissionError};
+use crate::budget::{remaining_headers, Reservation, Used};
 use crate::context::{Admitted, Ctx};
 use crate::domain::{Charge, TenantId};
 use crate::error::Error;
@@ -102,6 +106,9 @@ struct StreamLimits {
 /// `cut_off_over_budget`.
 struct Reconcile {
     charged: Option<Arc<Charged>>,
+    /// The budget reservation: committed with the usage, else (never dispatched, no usage)
+    /// given back by its own `Drop`.
+    budget: Option<Reservation>,
     limits: StreamLimits,
     ctx: Ctx,
 }
@@ -116,6 +123,13 @@ impl Meter for Reconcile {
 
 impl Drop for Reconcile {
     fn drop(&mut self) {
+        if let (Some(r), Some(u)) = (self.budget.take(), self.ctx.usage()) {
+            r.commit(Used {
+                input: u.tokens.input,
+                cached: u.cached_input,
+                output: u.tokens.output,
+            });
+        }
         let Some(charged) = &self.charged else {
             return;
         };
@@ -213,7 +227,13 @@ where
                     return Err(e.into());
                 }
             }
-            // 3. Rate limits.
+            // 3. Budgets: the estimate reserved against each (a refusal below drops it: given
+            // back).
+            let reservation = adm
+                .budgets
+                .reserve(&tenant, &ctx.request()?.model, est.charge)?;
+            let remaining = reservation.budgeted().then(|| reservation.remaining());
+            // 4. Rate limits.
             let charge = est.charge;
             let charged = if adm.store.limited(&tenant) {
                 match adm.store.admit_shared(&tenant, charge).await {
@@ -234,10 +254,6 @@ where
                 max_output: limits.max_stream_output_tokens,
                 cut_off_over_budget: limits.cut_off_over_budget,
             };
-            let metered = stream_limits.max_output.is_some() || charged.is_some();
-            if !metered {
-                return inner.call(req).await;
-            }
             let charged = charged.map(|estimated| {
                 Arc::new(Charged {
                     store: adm.store.clone(),
@@ -250,6 +266,7 @@ where
             let handoff = Handoff::default();
             handoff.push(Box::new(Reconcile {
                 charged: charged.clone(),
+                budget: Some(reservation),
                 limits: stream_limits,
                 ctx: ctx.clone(),
             }));
@@ -261,6 +278,9 @@ where
                     // No usage stage below took it: tied to this body.
                     for meter in handoff.take() {
                         res.body_mut().attach_meter(meter);
+                    }
+                    for (k, v) in remaining.map(remaining_headers).unwrap_or_default() {
+                        res.headers_mut().insert(k, v);
                     }
                     Ok(res)
                 }

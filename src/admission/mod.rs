@@ -8,7 +8,8 @@
 //! capacity controllers and store; [`Admission::retry_layer`] builds it.
 //!
 //! `x-fairgate-limit` on a refusal says whose limit it was: `tenant` (its buckets), `queue`
-//! (the pool's backlog vs the deadline) or `upstream` (the provider's answer or pause).
+//! (the pool's backlog vs the deadline), `upstream` (the provider's answer or pause) or
+//! `budget` (a spent day or month budget, `budget::Error`).
 
 pub mod deadline;
 mod error;
@@ -21,6 +22,7 @@ pub use deadline::{Deadline, DEADLINE_HEADER};
 pub use error::Error;
 pub use layer::{Layer, Service};
 
+use crate::budget::{Budgets, Spending};
 use crate::config::{Config, TenantLimits};
 use crate::domain::TenantId;
 use crate::feedback::capacity::PoolCapacity;
@@ -48,6 +50,9 @@ pub struct Admission {
     pub retries: Arc<RetryStats>,
     /// Pauses of tenants' own provider keys (kept across reloads, like the counters).
     pub key_pauses: Arc<KeyPauses>,
+    /// Spend budgets and the usage ledger (this generation's limits and prices; the spending
+    /// itself is kept across reloads).
+    pub budgets: Arc<Budgets>,
     policy: RetryPolicy,
     limits: HashMap<TenantId, TenantLimits>,
     default_limits: TenantLimits,
@@ -75,6 +80,17 @@ impl Admission {
         pools: Arc<[Arc<FairQueue>]>,
         store: Option<Arc<dyn RateStore>>,
     ) -> Arc<Self> {
+        Self::with_spending(config, pools, store, Spending::in_memory())
+    }
+
+    /// As [`Admission::with_store`], budgets counted in `spending` (the server's: its zone,
+    /// its ledger's sink).
+    pub fn with_spending(
+        config: &Config,
+        pools: Arc<[Arc<FairQueue>]>,
+        store: Option<Arc<dyn RateStore>>,
+        spending: Arc<Spending>,
+    ) -> Arc<Self> {
         let limits = limits_of(config);
         let store = store.unwrap_or_else(|| {
             Arc::new(MemoryStore::new(limits.iter().map(|(k, v)| (k.clone(), v))))
@@ -86,7 +102,7 @@ impl Admission {
             .zip(pools.iter())
             .map(|(u, q)| PoolCapacity::for_upstream(q.clone(), u, reserved))
             .collect();
-        let carried = (Arc::default(), Arc::default());
+        let carried = (Arc::default(), Arc::default(), spending);
         Self::build(config, pools, capacity, store, carried, limits)
     }
 
@@ -105,7 +121,11 @@ impl Admission {
             .store
             .with_limits(&limits)
             .unwrap_or_else(|| self.store.clone());
-        let carried = (self.retries.clone(), self.key_pauses.clone());
+        let carried = (
+            self.retries.clone(),
+            self.key_pauses.clone(),
+            self.budgets.spending().clone(),
+        );
         Self::build(config, pools, capacity, store, carried, limits)
     }
 
@@ -114,7 +134,7 @@ impl Admission {
         pools: Arc<[Arc<FairQueue>]>,
         capacity: Arc<[Arc<PoolCapacity>]>,
         store: Arc<dyn RateStore>,
-        (retries, key_pauses): (Arc<RetryStats>, Arc<KeyPauses>),
+        (retries, key_pauses, spending): (Arc<RetryStats>, Arc<KeyPauses>, Arc<Spending>),
         limits: HashMap<TenantId, TenantLimits>,
     ) -> Arc<Self> {
         let a = &config.admission;
@@ -123,6 +143,7 @@ impl Admission {
             capacity,
             retries,
             key_pauses,
+            budgets: Arc::new(Budgets::new(config, spending)),
             policy: RetryPolicy::from_config(a),
             limits,
             default_limits: TenantLimits {

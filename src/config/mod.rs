@@ -6,6 +6,7 @@
 //! exist, URLs are http(s), digests are 64 hex chars). Environment variables are read only by
 //! [`Config::check_env`], at startup.
 
+mod budgets;
 mod cidr;
 mod cluster;
 mod endpoints;
@@ -16,6 +17,7 @@ mod validate;
 
 use std::path::{Path, PathBuf};
 
+pub use budgets::{BudgetConfig, PriceConfig, StoreConfig};
 pub use cidr::Cidr;
 pub use cluster::ClusterConfig;
 pub use endpoints::{EndpointConfig, HealthConfig, DEFAULT_ENDPOINT_CONCURRENCY};

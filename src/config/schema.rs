@@ -60,18 +60,15 @@ pub struct Config {
     /// embedded SQLite file (absent: both are off).
     #[serde(default)]
     pub jobs: Option<JobsConfig>,
-    /// `[store]`: the embedded SQLite file of durable state (tenants and keys created through
-    /// the admin API); with `[cluster]` that state lives in Redis instead.
+    /// `[store]`: the one embedded SQLite file of durable state (the usage ledger, tenants and
+    /// keys created through the admin API); with `[cluster]` that state lives in Redis instead.
+    /// Absent: the usage ledger is kept in memory only (a restart forgets what budgets were
+    /// spent) and runtime tenants are off.
     #[serde(default)]
-    pub store: Option<StoreConfig>,
-}
-
-/// `[store]`: where durable state lives on one replica.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct StoreConfig {
-    /// The SQLite file (created on first use; it may be the same file as `[jobs] path`).
-    pub path: PathBuf,
+    pub store: Option<super::StoreConfig>,
+    /// `[prices."MODEL"]`: USD per million tokens, by model name or glob.
+    #[serde(default)]
+    pub prices: BTreeMap<String, super::PriceConfig>,
 }
 
 /// `[jobs]`: asynchronous jobs and batches (`src/jobs`).
@@ -517,6 +514,9 @@ pub struct PlanConfig {
     /// (optional; default false: the overrun becomes debt).
     #[serde(default)]
     pub cut_off_over_budget: Option<bool>,
+    /// Spend budgets per day or month (`config::budgets`).
+    #[serde(default)]
+    pub budgets: Option<Vec<super::BudgetConfig>>,
 }
 
 fn one() -> f64 {
@@ -602,6 +602,9 @@ pub struct TenantConfig {
     /// (optional; default false: the overrun becomes debt).
     #[serde(default)]
     pub cut_off_over_budget: Option<bool>,
+    /// Spend budgets per day or month (`config::budgets`).
+    #[serde(default)]
+    pub budgets: Option<Vec<super::BudgetConfig>>,
 }
 
 impl TenantConfig {

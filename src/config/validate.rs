@@ -162,6 +162,7 @@ pub fn validate(c: &Config) -> Result<(), ConfigError> {
     }
     validate_connections(&c.server)?;
     validate_estimate(c)?;
+    super::budgets::validate(c)?;
     super::otel::validate(&c.otel)?;
     if let Some(jobs) = &c.jobs {
         if jobs.lease_ms < 100 {

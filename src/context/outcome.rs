@@ -70,6 +70,9 @@ pub struct Dispatch {
 pub struct Usage {
     /// Raw input and output tokens (the provider's usage, or the stated fallback).
     pub tokens: Charge,
+    /// Of the input tokens, those the provider read from its prompt cache
+    /// (`prompt_tokens_details.cached_tokens`, Responses `input_tokens_details`; 0 if unsaid).
+    pub cached_input: u64,
     /// The weighted cost the fair queue reconciles the tenant's credit with.
     pub cost: Tokens,
     /// Whether the provider reported usage (else a fallback count).

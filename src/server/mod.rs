@@ -165,7 +165,13 @@ impl State {
         let store = linked
             .as_ref()
             .map(|(_, s)| s.clone() as Arc<dyn crate::ratelimit::RateStore>);
-        let admission = Admission::with_store(&config, pools.clone(), store);
+        let spending = crate::budget::Spending::for_config(&config).map_err(|message| {
+            ConfigError::Invalid {
+                key: "store.path".to_owned(),
+                message,
+            }
+        })?;
+        let admission = Admission::with_spending(&config, pools.clone(), store, spending);
         let cluster = linked.map(|(link, store)| {
             let unapplied = metrics.plain_counter("fairgate_cluster_sync_unapplied_total");
             crate::cluster::Cluster::new(link, store, &config, &pools, &admission, unapplied)
@@ -507,10 +513,35 @@ async fn start_on(
         }
         None => None,
     };
+    // The usage ledger: this month's spend from before a restart counts again, before the
+    // first request; then rows are written in batches off the request path, and once more
+    // after the last request has drained.
+    let spending = state.admission.budgets.spending().clone();
+    spending
+        .restore()
+        .await
+        .map_err(|message| ConfigError::Invalid {
+            key: "store.path".to_owned(),
+            message,
+        })?;
+    let (every, retention) = state
+        .config
+        .store
+        .as_ref()
+        .map_or((1000, 400), |s| (s.flush_ms, s.usage_retention_days));
+    tokio::spawn(crate::budget::run_flusher(
+        spending.clone(),
+        Duration::from_millis(every),
+        retention,
+        stop.subscribe(),
+    ));
     state.ready.store(true, Ordering::Release);
     let join = tokio::spawn(async move {
         for worker in done {
             let _ = worker.await;
+        }
+        if let Err(e) = spending.flush().await {
+            tracing::error!(error = %e, "usage ledger not written at shutdown");
         }
     });
     Ok(ServerHandle {

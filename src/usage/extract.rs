@@ -29,6 +29,26 @@ pub struct Usage {
     /// `completion_tokens` or `output_tokens`.
     #[serde(alias = "output_tokens", default)]
     pub completion_tokens: Option<u64>,
+    /// `prompt_tokens_details` or `input_tokens_details` (their `cached_tokens`).
+    #[serde(alias = "input_tokens_details", default)]
+    pub prompt_tokens_details: Option<Details>,
+}
+
+/// `prompt_tokens_details` / `input_tokens_details`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+pub struct Details {
+    /// Input tokens read from the provider's prompt cache.
+    #[serde(default)]
+    pub cached_tokens: Option<u64>,
+}
+
+impl Usage {
+    /// Cached input tokens (0 when the provider did not say).
+    pub fn cached_tokens(&self) -> u64 {
+        self.prompt_tokens_details
+            .and_then(|d| d.cached_tokens)
+            .unwrap_or(0)
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -265,7 +285,8 @@ mod tests {
             seen.usage,
             Some(Usage {
                 prompt_tokens: Some(12),
-                completion_tokens: Some(30)
+                completion_tokens: Some(30),
+                prompt_tokens_details: None,
             })
         );
         assert!(!seen.usage_only, "a content chunk, never stripped");
@@ -283,7 +304,8 @@ mod tests {
             s.usage,
             Some(Usage {
                 prompt_tokens: Some(7),
-                completion_tokens: Some(9)
+                completion_tokens: Some(9),
+                prompt_tokens_details: None,
             })
         );
         let s = t.observe(
@@ -327,11 +349,25 @@ mod tests {
     }
 
     #[test]
+    fn cached_input_tokens_are_read_from_either_details_layout() {
+        let mut t = Tally::new(64);
+        let chat = t.observe(br#"{"usage":{"prompt_tokens":10,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":4}}}"#);
+        assert_eq!(chat.usage.unwrap().cached_tokens(), 4);
+        let responses = t.observe(br#"{"type":"response.completed","response":{"usage":{"input_tokens":9,"input_tokens_details":{"cached_tokens":3},"output_tokens":1}}}"#);
+        assert_eq!(responses.usage.unwrap().cached_tokens(), 3);
+        let none = t.observe(br#"{"usage":{"prompt_tokens":10,"completion_tokens":2}}"#);
+        assert_eq!(none.usage.unwrap().cached_tokens(), 0);
+        let end = usage_from_end(br#"{"a":1,"usage":{"prompt_tokens":5,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":2,"audio_tokens":0}}}"#);
+        assert_eq!(end.unwrap().cached_tokens(), 2);
+    }
+
+    #[test]
     fn usage_is_read_from_the_end_only_when_it_is_a_top_level_member() {
         let u = |p, c| {
             Some(Usage {
                 prompt_tokens: Some(p),
                 completion_tokens: Some(c),
+                prompt_tokens_details: None,
             })
         };
         let end = |s: &str| usage_from_end(s.as_bytes());

@@ -371,6 +371,7 @@ fn reconcile(
     let actual = l.estimator.actual_cost(input, output, l.model_weight);
     l.ctx.set_usage(Usage {
         tokens: Charge { input, output },
+        cached_input: usage.map_or(0, |u| u.cached_tokens()).min(input),
         cost: actual,
         reported: unread.is_none(),
         unread,

@@ -23,6 +23,7 @@ mod admin;
 mod admission;
 mod answer_headers;
 mod backpressure;
+mod budgets;
 mod caps;
 mod cli;
 mod cluster;
