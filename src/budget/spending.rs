@@ -39,6 +39,9 @@ pub struct Spending {
     zone: Zone,
     pending: Pending,
     sink: Arc<dyn Sink>,
+    /// Held through a flush (take and write), so a flush that finds nothing pending also waits
+    /// for one still writing (shutdown's last flush returns once everything is written).
+    flushing: tokio::sync::Mutex<()>,
     clock: Clock,
     /// Soft thresholds passed, by (tenant, period, unit).
     warnings: Mutex<HashMap<(TenantId, Period, Unit), u64>>,
@@ -60,6 +63,7 @@ impl Spending {
             zone,
             pending: Pending::default(),
             sink,
+            flushing: tokio::sync::Mutex::new(()),
             clock,
             warnings: Mutex::default(),
         })
@@ -104,6 +108,7 @@ impl Spending {
     /// Reads this month's ledger back into the book (at startup, before serving): what was
     /// spent before a restart still counts.
     pub async fn restore(&self) -> Result<(), String> {
+        let _no_flush = self.flushing.lock().await;
         let now = self.now();
         let month = window(&self.zone, Period::Month, now);
         let today = day_string(date_of(&self.zone, now));
@@ -130,6 +135,7 @@ impl Spending {
 
     /// Writes every pending ledger row to the sink in one batch (put back if that fails).
     pub async fn flush(&self) -> Result<usize, String> {
+        let _one_at_a_time = self.flushing.lock().await;
         let rows = self.pending.take();
         let n = rows.len();
         if n == 0 {
@@ -144,6 +150,8 @@ impl Spending {
 
     /// The ledger rows `q` asks for: those written and those pending, added up.
     pub async fn usage(&self, q: Query) -> Result<Vec<(RowKey, Row)>, String> {
+        // Not while a flush has rows in hand (neither pending nor stored yet).
+        let _no_flush = self.flushing.lock().await;
         let stored = self.sink.read(q.clone()).await?;
         Ok(super::ledger::merge(stored, self.pending.read(&q)))
     }
