@@ -13,7 +13,7 @@ use crate::budget::ledger::{Query, Row, RowKey};
 use crate::budget::window::{date_of, day_string, parse_day, window};
 use crate::budget::Spending;
 use crate::domain::Period;
-use crate::error::{ApiError, Error};
+use crate::error::{ApiError, Error, Reason};
 use crate::response::ResponseBody;
 
 /// A usage query the ledger cannot answer.
@@ -52,8 +52,8 @@ impl ApiError for UsageError {
             UsageError::Store(_) => None,
         }
     }
-    fn reason(&self) -> &'static str {
-        "admin"
+    fn reason(&self) -> Reason {
+        Reason::Admin
     }
 }
 
@@ -134,14 +134,16 @@ pub async fn answer(
 ) -> Result<Response<ResponseBody>, Error> {
     let query = query(&spending, q.as_deref())?;
     let rows = spending.usage(query).await.map_err(UsageError::Store)?;
-    let (body, kind) = if as_csv {
-        (csv(&rows), "text/csv; charset=utf-8")
+    let mut res = if as_csv {
+        let mut res = Response::new(ResponseBody::full(csv(&rows)));
+        res.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/csv; charset=utf-8"),
+        );
+        res
     } else {
-        (json(&rows), "application/json")
+        crate::response::json_bytes(StatusCode::OK, json(&rows))
     };
-    let mut res = Response::new(ResponseBody::full(body));
-    res.headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static(kind));
     res.headers_mut()
         .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     Ok(res)

@@ -9,7 +9,7 @@ use http::{HeaderName, HeaderValue, StatusCode};
 
 use super::book::{Exhausted, Remaining, Unit};
 use crate::domain::Usd;
-use crate::error::ApiError;
+use crate::error::{ApiError, Limit, Reason};
 
 /// Response header: tokens left of the tenant's budgets (the least of its token budgets).
 pub const REMAINING_TOKENS: &str = "x-fairgate-budget-remaining-tokens";
@@ -73,8 +73,8 @@ impl ApiError for Error {
     fn code(&self) -> &'static str {
         "insufficient_quota"
     }
-    fn limit(&self) -> Option<&'static str> {
-        Some("budget")
+    fn limit(&self) -> Option<Limit> {
+        Some(Limit::Budget)
     }
     fn retry_after(&self) -> Option<Duration> {
         let Error::Exhausted(e) = self;
@@ -89,8 +89,8 @@ impl ApiError for Error {
         ));
         h
     }
-    fn reason(&self) -> &'static str {
-        "budget"
+    fn reason(&self) -> Reason {
+        Reason::Budget
     }
     fn never_sent(&self) -> bool {
         true

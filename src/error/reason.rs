@@ -121,6 +121,8 @@ pub enum Reason {
     StreamBudget,
     /// The client stopped reading and the response was dropped (`server::stall`).
     ClientStalled,
+    /// A spent day or month budget (`budget`).
+    Budget,
 }
 
 impl Reason {
@@ -156,6 +158,7 @@ impl Reason {
             Reason::Internal => "internal",
             Reason::StreamBudget => "stream_budget",
             Reason::ClientStalled => "client_stalled",
+            Reason::Budget => "budget",
         }
     }
 
