@@ -118,6 +118,15 @@ pub fn simulate(path: &Path, policy: Option<crate::scheduler::Policy>, json: boo
             println!("{report}");
         }
     }
+    if policy.is_none() {
+        for c in crate::sim::compare(&scenario) {
+            if json {
+                println!("{}", serde_json::to_string(&c).unwrap_or_default());
+            } else {
+                println!("{c}");
+            }
+        }
+    }
     ExitCode::SUCCESS
 }
 

@@ -330,7 +330,7 @@ impl Default for SchedulerConfig {
     fn default() -> Self {
         Self {
             policy: Policy::Drr,
-            quantum: 1024,
+            quantum: 4096,
             max_queued: 10_000,
             max_queued_per_tenant: 1000,
             max_queued_bytes: 512 * 1024 * 1024,

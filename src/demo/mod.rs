@@ -1,11 +1,13 @@
 //! `fairgate demo`: the noisy-neighbor scenario, compressed to about half a minute, over real
 //! HTTP, in one process — the bundled mock upstream with limited capacity, then fairgate twice
 //! (FIFO, then DRR) in front of it. Prints per-tenant queue waits side by side and writes an SVG
-//! chart.
+//! chart. Then a second scene (`agent.rs`): a sequential agent beside a flood of closed loops,
+//! alone / FIFO / DRR.
 //!
 //! Invariants: loopback only, port 0 everywhere; the workload is a fixed schedule (bounded in
 //! count and time); every server it starts is shut down before it returns.
 
+pub mod agent;
 pub mod chart;
 mod workload;
 
@@ -90,10 +92,12 @@ pub async fn run(args: &DemoArgs) -> Result<(Vec<Sample>, Vec<Sample>), DemoErro
         proxy.shutdown();
         let _ = proxy.join().await;
     }
-    mock.shutdown().await;
     let drr = results.pop().unwrap_or_default();
     let fifo = results.pop().unwrap_or_default();
     println!("\n{}", table(&fifo, &drr));
+    mock.shutdown().await;
+    let [alone, fifo_agent, drr_agent] = agent_scene(scale, &token).await?;
+    println!("{}", agent::table(alone, fifo_agent, drr_agent));
     let svg = chart::svg(&[
         ("FIFO: one queue", &points(&fifo)),
         ("DRR: fair queue in tokens", &points(&drr)),
@@ -101,6 +105,36 @@ pub async fn run(args: &DemoArgs) -> Result<(Vec<Sample>, Vec<Sample>), DemoErro
     std::fs::write(&args.chart, svg)?;
     println!("chart written to {}", args.chart.display());
     Ok((fifo, drr))
+}
+
+/// The second scene (`agent.rs`) on a pool answering in 50 ms × scale: the agent alone, then
+/// beside the flood under FIFO and under DRR, in that order.
+pub async fn agent_scene(scale: f64, token: &str) -> Result<[agent::AgentRun; 3], DemoError> {
+    let mock = MockServer::start(
+        SocketAddr::from(([127, 0, 0, 1], 0)),
+        MockConfig {
+            base_latency: Duration::from_millis(50).mul_f64(scale),
+            ..MockConfig::default()
+        },
+    )
+    .await
+    .map_err(|e| DemoError::Start(e.to_string()))?;
+    let span = Duration::from_secs(4).mul_f64(scale);
+    let mut runs = Vec::new();
+    for (policy, flood) in [("drr", None), ("fifo", Some("A")), ("drr", Some("A"))] {
+        let config = Config::from_toml_str(&config_toml(&mock.base_url(), policy))
+            .map_err(|e| DemoError::Start(e.to_string()))?;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let env = server::Env::vars([(CONSOLE_TOKEN_ENV, token)]);
+        let proxy = server::start_with_env(config, listener, env)
+            .await
+            .map_err(|e| DemoError::Start(e.to_string()))?;
+        runs.push(agent::run(proxy.addr, "s1", flood, span).await);
+        proxy.shutdown();
+        let _ = proxy.join().await;
+    }
+    mock.shutdown().await;
+    Ok([runs[0], runs[1], runs[2]])
 }
 
 /// The variable the demo's servers read their console token from (given to them directly,

@@ -46,9 +46,16 @@ impl Discipline {
     }
 
     /// Appends a live ticket to `tenant`'s queue, activating the tenant if it was idle.
-    pub fn push<T>(&mut self, tenant: TenantKey, ticket: Ticket, seq: u64, arena: &mut Arena<T>) {
+    pub fn push<T>(
+        &mut self,
+        tenant: TenantKey,
+        ticket: Ticket,
+        seq: u64,
+        tenants: &[TenantState],
+        arena: &mut Arena<T>,
+    ) {
         match self {
-            Self::Drr(d) => d.push(tenant, ticket, arena),
+            Self::Drr(d) => d.push(tenant, ticket, tenants, arena),
             Self::Fifo(f) => f.push(tenant, ticket, seq),
         }
     }
@@ -85,15 +92,22 @@ impl Discipline {
     /// `tenant` dropped below its concurrency cap.
     pub fn unblock(&mut self, tenant: TenantKey, tenants: &[TenantState]) {
         match self {
-            Self::Drr(d) => d.unblock(tenant),
+            Self::Drr(d) => d.unblock(tenant, tenants),
             Self::Fifo(f) => f.unblock(tenant, tenants),
         }
     }
 
-    /// Credit adjustment from reconciliation (positive: refund).
-    pub fn adjust(&mut self, tenant: TenantKey, adj: i64) {
+    /// `tenant` has nothing in flight any more.
+    pub fn absent(&mut self, tenant: TenantKey, tenants: &[TenantState]) {
         if let Self::Drr(d) = self {
-            d.adjust(tenant, adj);
+            d.absent(tenant, tenants);
+        }
+    }
+
+    /// Credit adjustment from reconciliation (positive: refund).
+    pub fn adjust(&mut self, tenant: TenantKey, adj: i64, tenants: &[TenantState]) {
+        if let Self::Drr(d) = self {
+            d.adjust(tenant, adj, tenants);
         }
     }
 

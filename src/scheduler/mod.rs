@@ -85,7 +85,7 @@ impl Default for Config {
     fn default() -> Self {
         Self {
             policy: Policy::Drr,
-            quantum: Tokens(1024),
+            quantum: Tokens(4096),
             capacity: 64,
             reserved_slots: 0,
             max_queued: 10_000,
@@ -352,7 +352,7 @@ impl<T> Scheduler<T> {
         if lane == Lane::Batch {
             self.aging.push_back((now, ticket));
         }
-        self.lanes[lane.index()].push(tenant, ticket, self.seq, &mut self.arena);
+        self.lanes[lane.index()].push(tenant, ticket, self.seq, &self.tenants, &mut self.arena);
         Ok(ticket)
     }
 
@@ -416,12 +416,17 @@ impl<T> Scheduler<T> {
                 lane.unblock(slot.tenant, &self.tenants);
             }
         }
+        if self.tenants[slot.tenant.idx()].in_flight == 0 {
+            for lane in &mut self.lanes {
+                lane.absent(slot.tenant, &self.tenants);
+            }
+        }
     }
 
     /// Corrects a tenant's credit once the actual cost is known: credit −= actual − estimated.
     pub fn reconcile(&mut self, slot: Slot, actual: Tokens) {
         let adj = slot.cost.signed() - actual.signed();
-        self.lanes[slot.lane.index()].adjust(slot.tenant, adj);
+        self.lanes[slot.lane.index()].adjust(slot.tenant, adj, &self.tenants);
     }
 
     /// Charges a tenant `tokens` of service it received elsewhere (another replica, see
@@ -432,7 +437,7 @@ impl<T> Scheduler<T> {
             .into_iter()
             .find(|&l| self.lanes[l.index()].tenant_queued(k) > 0)
             .unwrap_or(Lane::Interactive);
-        self.lanes[lane.index()].adjust(k, -tokens.signed());
+        self.lanes[lane.index()].adjust(k, -tokens.signed(), &self.tenants);
     }
 
     /// Requests in flight in the pool.
@@ -522,7 +527,13 @@ impl<T> Scheduler<T> {
             e.lane = Lane::Interactive;
             let (tenant, seq) = (e.tenant, e.seq);
             self.lanes[Lane::Batch.index()].take(tenant, ticket, &mut self.arena);
-            self.lanes[Lane::Interactive.index()].push(tenant, ticket, seq, &mut self.arena);
+            self.lanes[Lane::Interactive.index()].push(
+                tenant,
+                ticket,
+                seq,
+                &self.tenants,
+                &mut self.arena,
+            );
         }
     }
 

@@ -1,6 +1,7 @@
 //! Unit tests of the scheduler's rules, one behaviour each; property tests of its invariants
 //! in `props`, reconfiguration in `reload`.
 
+mod light;
 mod props;
 mod reload;
 
@@ -355,7 +356,8 @@ fn cancel_charges_nothing() {
     assert_eq!(s.cancel(tk), Some((0, 10)));
     assert_eq!(s.cancel(tk), None);
     assert!(next(&mut s).is_none());
-    assert_eq!(s.credit(t[0], Lane::Interactive), 0);
+    // Nothing charged: the quantum of its round is still unspent.
+    assert_eq!(s.credit(t[0], Lane::Interactive), 100);
     assert_eq!(s.queued(), 0);
     assert_eq!(s.tenant_load(t[0]), (0, 0));
 }
@@ -412,9 +414,9 @@ fn neither_class_takes_the_whole_pool_while_the_other_waits() {
 }
 
 #[test]
-fn a_newcomer_is_not_queued_behind_a_tenant_returning_within_its_round() {
-    // A's requests arrive one by one while the pool is full, so A keeps coming back within its
-    // round; B, new, still takes the next free slot.
+fn a_newcomer_waits_for_at_most_one_request_of_a_tenant_that_queued_while_the_pool_was_full() {
+    // A's requests arrive one by one while the pool is full, so A queues a burst behind its one
+    // cut-in; B, new, goes right after that one request, ahead of the rest of A's burst.
     let mut s = sched(Policy::Drr, 4096, 2);
     let t = add(&mut s, 2, 1.0, None);
     let mut held = Vec::new();
@@ -424,7 +426,13 @@ fn a_newcomer_is_not_queued_behind_a_tenant_returning_within_its_round() {
     }
     push(&mut s, t[1], 22);
     s.complete(held.pop().unwrap().slot);
-    assert_eq!(next(&mut s).unwrap().item.0, 1);
+    assert_eq!(
+        next(&mut s).unwrap().item.0,
+        0,
+        "A's request that arrived first"
+    );
+    s.complete(held.pop().unwrap().slot);
+    assert_eq!(next(&mut s).unwrap().item.0, 1, "then B, before A's burst");
 }
 
 #[test]

@@ -5,13 +5,13 @@
 //! terminates (finite arrivals, every dispatched request completes, retries are bounded).
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, HashMap};
 use std::time::Duration;
 
 use super::endpoints::{Fleet, Sent};
 use super::report::{Recorder, Report};
 use super::rng::Rng;
-use super::scenario::Scenario;
+use super::scenario::{Scenario, TenantSpec as ScenarioTenant, MAX_REQUESTS};
 use crate::domain::{TenantId, Tokens, Weight};
 use crate::feedback::aimd::Aimd;
 use crate::scheduler::{self, Class, Policy, Scheduler, Slot, TenantKey, TenantSpec};
@@ -47,9 +47,12 @@ pub fn run(scenario: &Scenario, policy: Policy) -> Report {
         max_queued: usize::MAX,
         ..scheduler::Config::default()
     });
-    let mut rec = Recorder::default();
+    let mut rec = Recorder::default().with_window(scenario.fairness_window_s);
+    rec.run_us = (scenario.duration_s * 1e6) as u64;
     let mut keys: Vec<TenantKey> = Vec::new();
-    let mut arrivals: Vec<(u64, Req)> = Vec::new();
+    // Each tenant's scenario entry, for the requests a closed loop sends after an answer.
+    let mut spec_of: Vec<usize> = Vec::new();
+    let mut arrivals = Arrivals::default();
     for (group, spec) in scenario.tenants.iter().enumerate() {
         for r in 0..spec.replicas {
             let id = if spec.replicas > 1 {
@@ -66,30 +69,26 @@ pub fn run(scenario: &Scenario, policy: Policy) -> Report {
                     max_queued: usize::MAX,
                 },
             ));
+            spec_of.push(group);
             rec.add_tenant(id, group, spec.weight, spec.max_concurrency);
             for t in spec.arrivals.times(scenario.duration_s, &mut rng) {
-                let actual = spec.cost.sample(&mut rng, 1.0).round() as u64;
-                let factor = spec
-                    .actual_over_estimate
-                    .as_ref()
-                    .map_or(1.0, |d| d.sample(&mut rng, 0.01));
-                let estimate = ((actual as f64) / factor).round().max(1.0) as u64;
-                let req = Req {
-                    tenant,
-                    actual,
-                    estimate,
-                    arrived_us: (t * 1000.0) as u64,
-                    attempts: 0,
-                    hold_ms: spec
-                        .hold_ms
-                        .as_ref()
-                        .map_or(0.0, |d| d.sample(&mut rng, 0.0)),
-                };
-                arrivals.push((req.arrived_us, req));
+                let req = new_req(spec, tenant, (t * 1000.0) as u64, &mut rng);
+                arrivals.push(req);
             }
         }
     }
-    arrivals.sort_by_key(|&(t, r)| (t, r.tenant));
+    // The next request of a closed loop, `rtt + think` after an answer, if its loop still runs.
+    let follow_up = |req: &Req, now: u64, rng: &mut Rng, arrivals: &mut Arrivals| {
+        let spec = &scenario.tenants[spec_of[req.tenant]];
+        let Some((think, end_ms)) = spec.arrivals.closed(scenario.duration_s) else {
+            return;
+        };
+        let think = think.map_or(0.0, |d| d.sample(rng, 0.0));
+        let at = now + ((pool.client_rtt_ms + think) * 1000.0) as u64;
+        if (at as f64) < end_ms * 1000.0 && arrivals.made() < MAX_REQUESTS {
+            arrivals.push(new_req(spec, req.tenant, at, rng));
+        }
+    };
     let mut aimd = pool
         .provider_capacity
         .map(|_| Aimd::new(pool.capacity).with_cooldown(ms(pool.service_ms)));
@@ -103,7 +102,6 @@ pub fn run(scenario: &Scenario, policy: Policy) -> Report {
     let mut done: BinaryHeap<Reverse<(u64, u64)>> = BinaryHeap::new();
     let mut pending: Vec<Option<Done>> = Vec::new();
     let mut provider_in_flight = 0u32;
-    let mut next_arrival = 0;
     let mut now = 0u64;
     loop {
         let paused_until = aimd
@@ -116,7 +114,7 @@ pub fn run(scenario: &Scenario, policy: Policy) -> Report {
             .and_then(|f| f.next_change(us(now)))
             .map(|t| t.as_micros() as u64);
         let candidates = [
-            arrivals.get(next_arrival).map(|a| a.0),
+            arrivals.peek_time(),
             done.peek().map(|d| d.0 .0),
             paused_until,
             fleet_change,
@@ -125,6 +123,7 @@ pub fn run(scenario: &Scenario, policy: Policy) -> Report {
             break;
         };
         now = now.max(t);
+        rec.tick(now);
         while let Some(&Reverse((at, i))) = done.peek() {
             if at > now {
                 break;
@@ -141,6 +140,7 @@ pub fn run(scenario: &Scenario, policy: Policy) -> Report {
                     }
                     sched.reconcile(slot, Tokens(req.actual));
                     sched.complete(slot);
+                    follow_up(&req, at, &mut rng, &mut arrivals);
                     if let Some(a) = aimd.as_mut() {
                         a.on_success();
                     }
@@ -153,6 +153,7 @@ pub fn run(scenario: &Scenario, policy: Policy) -> Report {
                     }
                     if req.attempts >= MAX_ATTEMPTS {
                         rec.client_error(req.tenant);
+                        follow_up(&req, at, &mut rng, &mut arrivals);
                     } else {
                         let k = keys[req.tenant];
                         let _ = sched.enqueue(us(now), k, Class::Interactive, false, req);
@@ -160,12 +161,8 @@ pub fn run(scenario: &Scenario, policy: Policy) -> Report {
                 }
             }
         }
-        while let Some(&(at, req)) = arrivals.get(next_arrival) {
-            if at > now {
-                break;
-            }
-            next_arrival += 1;
-            rec.arrived(req.tenant);
+        while let Some(req) = arrivals.pop_until(now) {
+            rec.arrived(req.tenant, req.actual);
             if sched
                 .enqueue(
                     us(req.arrived_us),
@@ -177,6 +174,7 @@ pub fn run(scenario: &Scenario, policy: Policy) -> Report {
                 .is_err()
             {
                 rec.client_error(req.tenant);
+                follow_up(&req, now, &mut rng, &mut arrivals);
             }
         }
         if let Some(a) = aimd.as_ref() {
@@ -214,8 +212,13 @@ pub fn run(scenario: &Scenario, policy: Policy) -> Report {
                 rec.provider_429(req.tenant);
                 (now + 50_000, Done::Overloaded(req, g.slot))
             } else {
-                rec.dispatched(req.tenant, now - req.arrived_us, req.actual, &backlog);
-                let service = (pool.service_ms
+                rec.dispatched(req.tenant, now, now - req.arrived_us, req.actual, &backlog);
+                let jitter = if pool.service_jitter > 0.0 {
+                    rng.uniform(1.0 - pool.service_jitter, 1.0 + pool.service_jitter)
+                } else {
+                    1.0
+                };
+                let service = (pool.service_ms * jitter
                     + pool.service_ms_per_1k_tokens * req.actual as f64 / 1000.0)
                     * slowdown
                     + req.hold_ms;
@@ -231,6 +234,60 @@ pub fn run(scenario: &Scenario, policy: Policy) -> Report {
         report.endpoints = f.rows(us(now));
     }
     report
+}
+
+/// One request of `spec`'s tenant arriving at `at_us`, with its cost, estimate and hold sampled.
+fn new_req(spec: &ScenarioTenant, tenant: usize, at_us: u64, rng: &mut Rng) -> Req {
+    let actual = spec.cost.sample(rng, 1.0).round() as u64;
+    let factor = spec
+        .actual_over_estimate
+        .as_ref()
+        .map_or(1.0, |d| d.sample(rng, 0.01));
+    Req {
+        tenant,
+        actual,
+        estimate: ((actual as f64) / factor).round().max(1.0) as u64,
+        arrived_us: at_us,
+        attempts: 0,
+        hold_ms: spec.hold_ms.as_ref().map_or(0.0, |d| d.sample(rng, 0.0)),
+    }
+}
+
+/// Requests not yet arrived, earliest first (ties by tenant, then by the order they were made).
+#[derive(Default)]
+struct Arrivals {
+    heap: BinaryHeap<Reverse<(u64, usize, u64)>>,
+    reqs: HashMap<u64, Req>,
+    seq: u64,
+}
+
+impl Arrivals {
+    /// Requests made so far (bounded by `MAX_REQUESTS`).
+    fn made(&self) -> usize {
+        self.seq as usize
+    }
+}
+
+impl Arrivals {
+    fn push(&mut self, req: Req) {
+        self.seq += 1;
+        self.heap
+            .push(Reverse((req.arrived_us, req.tenant, self.seq)));
+        self.reqs.insert(self.seq, req);
+    }
+
+    fn peek_time(&self) -> Option<u64> {
+        self.heap.peek().map(|r| r.0 .0)
+    }
+
+    /// The next request that has arrived by `now`.
+    fn pop_until(&mut self, now: u64) -> Option<Req> {
+        if self.peek_time()? > now {
+            return None;
+        }
+        let Reverse((_, _, seq)) = self.heap.pop()?;
+        self.reqs.remove(&seq)
+    }
 }
 
 fn us(t: u64) -> Duration {

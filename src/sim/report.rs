@@ -25,12 +25,21 @@ struct TenantRec {
     waits_ms: Vec<f64>,
     errors: u64,
     provider_429: u64,
+    arrived_tokens: u64,
+    /// Tokens dispatched before the scenario's `duration_s`.
+    in_run_tokens: u64,
 }
 
 /// Accumulates measurements while the simulation runs.
 #[derive(Debug, Default)]
 pub struct Recorder {
     tenants: Vec<TenantRec>,
+    /// With `fairness_window_s`: the window length and, per window end, each tenant's
+    /// (served tokens so far, tokens still queued).
+    window_us: Option<u64>,
+    windows: Vec<Vec<(u64, u64)>>,
+    /// The scenario's `duration_s`, µs.
+    pub(super) run_us: u64,
 }
 
 impl Recorder {
@@ -44,8 +53,68 @@ impl Recorder {
         });
     }
 
-    pub(super) fn arrived(&mut self, t: usize) {
+    pub(super) fn arrived(&mut self, t: usize, tokens: u64) {
         self.tenants[t].arrived += 1;
+        self.tenants[t].arrived_tokens += tokens;
+    }
+
+    /// Entitlement by max-min fair windows of `window_s` (see `maxmin.rs`) instead of per
+    /// dispatch.
+    pub(super) fn with_window(mut self, window_s: Option<f64>) -> Self {
+        self.window_us = window_s.map(|w| (w * 1e6) as u64).filter(|&w| w > 0);
+        self
+    }
+
+    /// Closes every window that ended by `now_us`.
+    pub(super) fn tick(&mut self, now_us: u64) {
+        let Some(w) = self.window_us else { return };
+        while (self.windows.len() as u64 + 1) * w <= now_us {
+            let snap = self.snapshot();
+            self.windows.push(snap);
+        }
+    }
+
+    fn snapshot(&self) -> Vec<(u64, u64)> {
+        self.tenants
+            .iter()
+            .map(|t| {
+                (
+                    t.served_tokens,
+                    t.arrived_tokens.saturating_sub(t.served_tokens),
+                )
+            })
+            .collect()
+    }
+
+    /// Replaces the per-dispatch entitlement by the max-min one of the windows.
+    fn maxmin_entitlement(&mut self) {
+        if self.window_us.is_none() {
+            return;
+        }
+        let last = self.snapshot();
+        self.windows.push(last);
+        let weights: Vec<f64> = self.tenants.iter().map(|t| t.weight).collect();
+        let mut before = vec![0u64; self.tenants.len()];
+        for t in &mut self.tenants {
+            t.entitled = 0.0;
+        }
+        for w in &self.windows {
+            let served: Vec<f64> = w
+                .iter()
+                .zip(&before)
+                .map(|(&(s, _), &b)| (s - b) as f64)
+                .collect();
+            let demand: Vec<f64> = served
+                .iter()
+                .zip(w)
+                .map(|(&s, &(_, q))| s + q as f64)
+                .collect();
+            let e = super::maxmin::water_fill(served.iter().sum(), &demand, &weights);
+            for (t, e) in self.tenants.iter_mut().zip(e) {
+                t.entitled += e;
+            }
+            before = w.iter().map(|&(s, _)| s).collect();
+        }
     }
 
     pub(super) fn client_error(&mut self, t: usize) {
@@ -68,8 +137,19 @@ impl Recorder {
             .collect()
     }
 
-    pub(super) fn dispatched(&mut self, t: usize, wait_us: u64, tokens: u64, backlog: &[usize]) {
+    pub(super) fn dispatched(
+        &mut self,
+        t: usize,
+        now_us: u64,
+        wait_us: u64,
+        tokens: u64,
+        backlog: &[usize],
+    ) {
+        let in_run = now_us < self.run_us;
         let rec = &mut self.tenants[t];
+        if in_run {
+            rec.in_run_tokens += tokens;
+        }
         rec.served += 1;
         rec.served_tokens += tokens;
         rec.waits_ms.push(wait_us as f64 / 1000.0);
@@ -86,6 +166,7 @@ impl Recorder {
         end_us: u64,
         learned_limit: Option<u32>,
     ) -> Report {
+        self.maxmin_entitlement();
         let total: u64 = self.tenants.iter().map(|t| t.served_tokens).sum();
         let ratios: Vec<f64> = self
             .tenants
@@ -112,11 +193,14 @@ impl Recorder {
                 arrived: members.iter().map(|t| t.arrived).sum(),
                 served: members.iter().map(|t| t.served).sum(),
                 served_tokens,
+                in_run_tokens: members.iter().map(|t| t.in_run_tokens).sum(),
                 share: ratio(served_tokens as f64, total as f64),
                 entitled_share: ratio(entitled, total as f64),
                 share_ratio: ratio(served_tokens as f64, entitled),
                 wait_p50_s: quantile(&waits, 0.5) / 1000.0,
+                wait_p95_s: quantile(&waits, 0.95) / 1000.0,
                 wait_p99_s: quantile(&waits, 0.99) / 1000.0,
+                per_s: members.iter().map(|t| t.served).sum::<u64>() as f64 / scenario.duration_s,
                 wait_max_s: waits.last().copied().unwrap_or(0.0) / 1000.0,
                 errors: members.iter().map(|t| t.errors).sum(),
                 provider_429: members.iter().map(|t| t.provider_429).sum(),
@@ -178,6 +262,8 @@ pub struct Row {
     pub served: u64,
     /// Actual tokens served.
     pub served_tokens: u64,
+    /// Of those, tokens dispatched before the scenario's `duration_s` (while arrivals ran).
+    pub in_run_tokens: u64,
     /// Fraction of all served tokens.
     pub share: f64,
     /// Fraction it was entitled to (see module docs).
@@ -186,8 +272,12 @@ pub struct Row {
     pub share_ratio: f64,
     /// Queue wait percentiles, seconds.
     pub wait_p50_s: f64,
+    /// 95th percentile wait, seconds.
+    pub wait_p95_s: f64,
     /// 99th percentile wait, seconds.
     pub wait_p99_s: f64,
+    /// Requests served per second of the scenario's duration.
+    pub per_s: f64,
     /// Longest wait, seconds.
     pub wait_max_s: f64,
     /// Requests that failed (queue full, or retries exhausted against 429s).

@@ -31,6 +31,10 @@ pub struct Scenario {
     pub pool: Pool,
     /// Tenants (each may stand for `replicas` identical tenants).
     pub tenants: Vec<TenantSpec>,
+    /// Entitlement by max-min fair windows of this many seconds (a light tenant is entitled to
+    /// what it asked for) instead of sharing each request among the tenants queued at that instant.
+    #[serde(default)]
+    pub fairness_window_s: Option<f64>,
 }
 
 fn default_seed() -> u64 {
@@ -61,6 +65,18 @@ pub struct Pool {
     /// one provider as above.
     #[serde(default)]
     pub endpoints: Vec<super::endpoints::EndpointSpec>,
+    /// Each service time is scaled by a uniform factor in [1 − jitter, 1 + jitter] (0.3: ±30%).
+    /// With 0 every slot frees at once and a light tenant's share drops (see `docs/fairness.md`).
+    #[serde(default)]
+    pub service_jitter: f64,
+    /// Round trip between fairgate and a closed-loop client, ms: its next request arrives this
+    /// long after the answer (plus its think time), so the slot it frees goes to whoever waits.
+    #[serde(default = "default_rtt")]
+    pub client_rtt_ms: f64,
+}
+
+fn default_rtt() -> f64 {
+    1.0
 }
 
 fn default_quantum() -> u64 {
@@ -97,6 +113,10 @@ pub struct TenantSpec {
     /// that reads slowly or not at all (in fairgate, cut at `[server] client_write_timeout_ms`).
     #[serde(default)]
     pub hold_ms: Option<Dist>,
+    /// The tenant whose service `fairgate simulate` compares alone, under FIFO, under DRR and
+    /// at the limit (its weight ×1000: near-strict priority, what a non-preemptive pool allows).
+    #[serde(default)]
+    pub victim: bool,
 }
 
 fn one() -> f64 {
@@ -134,6 +154,19 @@ pub enum Arrivals {
         #[serde(default)]
         end_s: Option<f64>,
     },
+    /// A closed loop: `concurrency` clients, each sending its next request `think_ms` (plus the
+    /// pool's `client_rtt_ms`) after its answer, from start_s to end_s: an agent with one request
+    /// outstanding is `concurrency = 1, think_ms = 0`; a person reading is a think time of seconds.
+    Closed {
+        #[serde(default = "one_u32")]
+        concurrency: u32,
+        #[serde(default)]
+        think_ms: Option<Dist>,
+        #[serde(default)]
+        start_s: f64,
+        #[serde(default)]
+        end_s: Option<f64>,
+    },
 }
 
 /// A distribution of positive values.
@@ -161,7 +194,8 @@ impl Dist {
 }
 
 impl Arrivals {
-    /// Arrival times (ms) within [0, duration_s), in order.
+    /// Arrival times (ms) within [0, duration_s), in order; for a closed loop, its first
+    /// requests (the rest follow answers, see `engine.rs`).
     pub fn times(&self, duration_s: f64, rng: &mut Rng) -> Vec<f64> {
         let end_of = |end: Option<f64>| end.unwrap_or(duration_s).min(duration_s) * 1000.0;
         let mut out = Vec::new();
@@ -198,9 +232,32 @@ impl Arrivals {
                     t += rng.exponential(mean);
                 }
             }
+            Arrivals::Closed {
+                concurrency,
+                start_s,
+                ..
+            } => {
+                // Staggered by a microsecond each so ties break by arrival, not by chance.
+                out.extend((0..concurrency).map(|i| start_s * 1000.0 + f64::from(i) / 1000.0));
+            }
         }
         out.retain(|&t| t < duration_s * 1000.0);
         out
+    }
+}
+
+impl Arrivals {
+    /// A closed loop's think time and end (ms), `None` for open-loop arrivals.
+    pub fn closed(&self, duration_s: f64) -> Option<(Option<&Dist>, f64)> {
+        match self {
+            Arrivals::Closed {
+                think_ms, end_s, ..
+            } => Some((
+                think_ms.as_ref(),
+                end_s.unwrap_or(duration_s).min(duration_s) * 1000.0,
+            )),
+            _ => None,
+        }
     }
 }
 
@@ -252,12 +309,22 @@ impl Scenario {
         {
             return bad("pool.capacity, pool.quantum and pool.service_ms must be > 0".into());
         }
+        let jitter_ok = (0.0..1.0).contains(&self.pool.service_jitter);
+        let rtt_ok = self.pool.client_rtt_ms >= 0.0 && self.pool.client_rtt_ms.is_finite();
+        if !(jitter_ok && rtt_ok) {
+            return bad("pool.service_jitter must be in [0, 1), pool.client_rtt_ms ≥ 0".into());
+        }
         if self.tenants.is_empty() {
             return bad("at least one tenant".into());
         }
         for t in &self.tenants {
             if !(t.weight > 0.0 && t.weight.is_finite()) {
                 return bad(format!("tenant {}: weight must be > 0", t.id));
+            }
+            if let Arrivals::Closed { concurrency, .. } = t.arrivals {
+                if concurrency == 0 || concurrency > 10_000 {
+                    return bad(format!("tenant {}: concurrency must be in 1..=10000", t.id));
+                }
             }
             if t.replicas == 0 || t.replicas > 100_000 {
                 return bad(format!("tenant {}: replicas must be in 1..=100000", t.id));

@@ -116,3 +116,53 @@ fn non_reading_client_holds_slots_but_quiet_tenants_wait_about_one_hold() {
     assert!(d.wait_max_s <= hold_s, "DRR: {drr}");
     assert_eq!(d.served, f.served);
 }
+
+/// The victim's comparison of a scenario file.
+fn compare_file(name: &str) -> Comparison {
+    let path = format!("{}/scenarios/{name}.toml", env!("CARGO_MANIFEST_DIR"));
+    let s = Scenario::load(std::path::Path::new(&path)).unwrap();
+    compare(&s).remove(0)
+}
+
+#[test]
+fn a_sequential_agent_beside_a_flood_is_served_at_the_next_free_slot() {
+    for name in ["sequential-agent", "sequential-agent-8k"] {
+        let c = compare_file(name);
+        println!("{name}\n{c}");
+        // Within 10% of the limit, and its p95 queue wait within one service time (50 ms for
+        // the short requests, up to ~170 ms for the long ones).
+        let service_s = if name.ends_with("8k") { 0.17 } else { 0.05 };
+        assert!(c.drr.per_s >= 0.9 * c.limit.per_s, "{name}: {c}");
+        assert!(c.drr.wait_p95_s <= service_s, "{name}: {c}");
+        // FIFO is far from it, and the limit is below alone (it waits for a slot to free).
+        assert!(c.fifo.per_s < 0.5 * c.limit.per_s, "{name}: {c}");
+        assert!(c.limit.per_s < c.alone.per_s, "{name}: {c}");
+    }
+}
+
+#[test]
+fn an_interactive_user_beside_a_flood_waits_at_most_one_service_time() {
+    let c = compare_file("interactive-user");
+    println!("{c}");
+    assert!(c.drr.wait_p95_s <= 0.050, "{c}");
+    assert!(c.fifo.wait_p95_s > 0.150, "{c}");
+    assert!(c.drr.per_s >= 0.95 * c.alone.per_s * 0.9, "{c}");
+}
+
+#[test]
+fn with_identical_service_times_the_limit_itself_drops() {
+    // Every slot frees at once, so the agent, back 1 ms after its answer, always finds the pool
+    // refilled by the flood and waits a whole service time: the limit is ~0.5× alone, and DRR
+    // still reaches it.
+    let path = format!(
+        "{}/scenarios/sequential-agent.toml",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let mut s = Scenario::load(std::path::Path::new(&path)).unwrap();
+    s.pool.service_jitter = 0.0;
+    let c = compare(&s).remove(0);
+    println!("{c}");
+    let limit = c.limit.per_s / c.alone.per_s;
+    assert!((0.4..0.7).contains(&limit), "{c}");
+    assert!(c.drr.per_s >= 0.9 * c.limit.per_s, "{c}");
+}

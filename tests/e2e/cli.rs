@@ -67,6 +67,19 @@ async fn demo_shows_small_tenants_served_promptly_under_drr_only() {
     let _ = std::fs::remove_file(chart);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_agent_scene_shows_drr_serving_the_agent_at_the_next_free_slot() {
+    let [alone, fifo, drr] = demo::agent_scene(0.5, "tok").await.unwrap();
+    println!("{}", demo::agent::table(alone, fifo, drr));
+    assert!(alone.per_s > 0.0 && fifo.per_s > 0.0, "{alone:?} {fifo:?}");
+    // FIFO queues it behind the flood's 24 loops; DRR serves it at the next free slot.
+    assert!(drr.per_s >= 2.5 * fifo.per_s, "drr {drr:?} fifo {fifo:?}");
+    assert!(
+        drr.wait_p95_s < fifo.wait_p95_s / 2.0,
+        "drr {drr:?} fifo {fifo:?}"
+    );
+}
+
 #[test]
 fn demo_prints_the_console_url_of_each_run() {
     let chart = std::env::temp_dir().join(format!("fg-demo-url-{}.svg", std::process::id()));
@@ -93,6 +106,11 @@ fn demo_prints_the_console_url_of_each_run() {
         .filter_map(|l| l.split_once("watch it live: ").map(|(_, u)| u))
         .collect();
     assert_eq!(urls.len(), 2, "{stdout}");
+    assert!(
+        stdout.contains("sequential agent beside a flood"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("beside the flood, DRR"), "{stdout}");
     for u in urls {
         assert!(u.starts_with("http://127.0.0.1:"), "{u}");
         assert!(u.ends_with("/admin/ui#token=tok-demo"), "{u}");

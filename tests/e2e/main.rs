@@ -40,6 +40,7 @@ mod jobs;
 mod jobs_files;
 mod jobs_restart;
 mod key_isolation;
+mod light_tenants;
 mod metrics;
 mod metrics_format;
 mod metrics_scale;

@@ -166,3 +166,90 @@ async fn service_elsewhere_is_charged_here() {
         "light got {share:.3}; per-replica fairness alone gives ~0.167, replica 0's slots 1/3"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sequential_agent_takes_its_replicas_next_free_slot() {
+    let Some(redis) = Redis::start() else { return };
+    let mock = mock_with(MockConfig {
+        base_latency: Duration::from_millis(20),
+        ..MockConfig::default()
+    })
+    .await;
+    // The default quantum; a pool of 6 shared by three replicas (two slots each).
+    let rs = replicas(|i| replica(&redis, &mock.base_url(), i, 6).add_tenants(&["flood", "agent"]))
+        .await;
+    let body = |who: &str| {
+        format!(
+            r#"{{"model":"gpt-4o-mini","max_tokens":8,"messages":[{{"role":"user","content":"{who}"}}]}}"#
+        )
+    };
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut flood = Vec::new();
+    for i in 0..24 {
+        let (addr, stop, body) = (
+            rs[i % 3].addr,
+            stop.clone(),
+            body(&format!("flood-{}", i % 3)),
+        );
+        flood.push(tokio::spawn(async move {
+            for _ in 0..10_000 {
+                if stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    break;
+                }
+                let r = send(post(
+                    addr,
+                    "/v1/chat/completions",
+                    Some("key-flood"),
+                    &body,
+                    &[],
+                ))
+                .await;
+                assert_eq!(r.status, 200);
+            }
+        }));
+    }
+    assert!(eventually(|| rs.iter().map(|r| r.pools[0].load().0).sum::<usize>() >= 12).await);
+    // The agent: one request at a time, all to replica 1, 30 of them.
+    let agent = body("agent");
+    for _ in 0..30 {
+        let r = send(post(
+            rs[1].addr,
+            "/v1/chat/completions",
+            Some("key-agent"),
+            &agent,
+            &[],
+        ))
+        .await;
+        assert_eq!(r.status, 200);
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    for f in flood {
+        f.await.unwrap();
+    }
+    // Flood requests of the agent's replica the mock saw between two of the agent's: the one
+    // that took the slot its answer freed, and about one more for the replica's other slot, when
+    // it takes its replica's next free slot (slack for a loaded machine); behind a round of the
+    // flood it would be tens (a quantum of 20-token requests, less what other replicas charge).
+    let seen = mock.stats.seen_bodies();
+    let is_agent = |b: &serde_json::Value| b["messages"][0]["content"] == "agent";
+    let first = seen
+        .iter()
+        .position(is_agent)
+        .expect("the agent was served");
+    let (mut gaps, mut since) = (Vec::new(), 0);
+    for b in &seen[first + 1..] {
+        if is_agent(b) {
+            gaps.push(since);
+            since = 0;
+        } else if b["messages"][0]["content"] == "flood-1" {
+            since += 1;
+        }
+    }
+    gaps.sort_unstable();
+    eprintln!("replica 1's flood requests between the agent's: {gaps:?}");
+    assert!(gaps.len() >= 10, "{gaps:?}");
+    assert!(
+        gaps[gaps.len() / 2] <= 4,
+        "the agent waited for more than a free slot: {gaps:?}"
+    );
+}
