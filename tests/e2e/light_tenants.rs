@@ -193,6 +193,12 @@ async fn a_tenant_with_many_in_flight_and_an_empty_queue_gets_its_share_and_no_m
     // lose a round trip and the wait for a free slot between two requests, so on a loaded
     // machine its demand may fall to about its half: no lower bound tighter than "served like a
     // light tenant, not queued behind the flood" (FIFO would give it 4 of 28, 0.17).
-    assert!(ratio <= 1.1, "it beat the backlogged tenant: gamer {g} flood {f}");
-    assert!(ratio >= 0.6, "it was queued behind the flood: gamer {g} flood {f}");
+    assert!(
+        ratio <= 1.1,
+        "it beat the backlogged tenant: gamer {g} flood {f}"
+    );
+    assert!(
+        ratio >= 0.6,
+        "it was queued behind the flood: gamer {g} flood {f}"
+    );
 }
