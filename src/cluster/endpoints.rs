@@ -31,9 +31,11 @@
 //! with the same bounds on stalls and degraded mode as the pool's leases (see `lease`), three
 //! replicas never send an endpoint more than its limit. Before the first round nothing is
 //! picked. The gates follow the endpoint list of startup (as the pool gate follows its size): a
-//! reload that changes the list leaves them idle. A pool of one endpoint no smaller than the
+//! reload that changes the list (names, order) stops them, and the pool's leases alone bound
+//! the pool from then on. A pool of one endpoint no smaller than the
 //! pool has none: the pool's leases already bound it.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -91,6 +93,10 @@ pub struct EndpointGates {
     queue: Arc<FairQueue>,
     capacity: Arc<PoolCapacity>,
     eject_keys: Vec<String>,
+    /// The endpoints' names at startup, in order.
+    names: Vec<String>,
+    /// Set once a reload changed the pool's endpoint list: the gates stop bounding it.
+    stale: AtomicBool,
     expected_replicas: u32,
     ttl: Duration,
     gates: Mutex<Vec<Gate>>,
@@ -151,6 +157,8 @@ impl EndpointGates {
                 .iter()
                 .map(|e| key(&e.name, "ejected"))
                 .collect(),
+            names: cfg.endpoints.iter().map(|e| e.name.clone()).collect(),
+            stale: AtomicBool::new(false),
             link,
             queue,
             capacity,
@@ -169,8 +177,12 @@ impl EndpointGates {
         self.lock().iter().map(|g| g.held.len()).collect()
     }
 
-    /// The slots the queue may dispatch against: every endpoint's, summed.
+    /// The slots the queue may dispatch against: every endpoint's, summed (no bound once a
+    /// reload changed the endpoint list).
     pub fn slots(&self) -> u32 {
+        if self.stale.load(Ordering::Relaxed) {
+            return u32::MAX;
+        }
         self.lock()
             .iter()
             .map(|g| self.slots_of(g))
@@ -211,6 +223,15 @@ impl EndpointGates {
     /// was made and succeeded.
     pub async fn round(&self, renew_due: bool) -> bool {
         let loads = self.capacity.loads();
+        let same = loads.len() == self.names.len()
+            && (0..loads.len())
+                .all(|i| self.capacity.endpoint_name(i).as_deref() == Some(self.names[i].as_str()));
+        if !same {
+            // A reload changed the list: the pool's leases alone bound it from now on (the
+            // endpoint leases held expire within the TTL).
+            self.stale.store(true, Ordering::Relaxed);
+            return false;
+        }
         let (queued, in_flight) = self.queue.load();
         let demand = u32::try_from(queued)
             .unwrap_or(u32::MAX)
@@ -218,9 +239,6 @@ impl EndpointGates {
             .min(self.queue.local_capacity());
         let (plans, ejects, invocations) = {
             let mut gates = self.lock();
-            if loads.len() != gates.len() {
-                return false;
-            }
             let (plans, ejects) = self.plan(&mut gates, &loads, demand, renew_due);
             let invocations: Vec<_> = plans
                 .iter()
