@@ -254,8 +254,17 @@ impl super::Layer {
             .map(|(k, v)| (k.to_owned(), json!(v)))
             .collect();
         let stats = self.estimator.stats().tenant(&r.tenant).unwrap_or_default();
+        // An API tenant (`tenant::runtime`): its keys' ids, shown, never editable here.
+        let api_keys = (self.runtime.runtime.as_ref())
+            .filter(|rt| rt.is_api_tenant(r.tenant.as_str()))
+            .map(|rt| {
+                let keys = rt.keys_of(r.tenant.as_str());
+                keys.into_iter().map(|k| k.id).collect::<Vec<_>>()
+            });
         json!({
             "tenant": r.tenant.as_str(),
+            "source": if api_keys.is_some() { "api" } else { "config" },
+            "keys": api_keys,
             "pool": self.pool_names.get(r.pool),
             "plan": m.plan(&r.tenant),
             "weight": r.weight,

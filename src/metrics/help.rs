@@ -44,6 +44,17 @@ const COUNTERS: &[(&str, Option<Unit>, &str)] = &[
         "429 and 503 answers of an endpoint (its learned limit's feedback).",
     ),
     (
+        "fairgate_tenant_changes_total",
+        None,
+        "Changes of tenants and keys made through the admin API on this replica, by op.",
+    ),
+    (
+        "fairgate_tenant_sync_failures_total",
+        None,
+        "Reads of the runtime tenants' change log that failed (cluster mode; the last known \
+         tenants keep serving).",
+    ),
+    (
         "fairgate_untrusted_tenant_header_total",
         None,
         "Requests carrying the tenant header from outside [server] trusted_sources (ignored).",

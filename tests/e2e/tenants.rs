@@ -121,6 +121,21 @@ async fn create_use_rotate_revoke_and_restart() {
         .filter_map(|t| t["id"].as_str())
         .collect();
     assert_eq!(ids, ["a", "b", "acme"], "config tenants, then API ones");
+    // The console's view lists it beside the config tenants, with its keys' ids.
+    let v = admin(addr, Method::GET, "/admin/state", Value::Null)
+        .await
+        .json();
+    let rows = v["tenants"].as_array().unwrap();
+    let acme = rows.iter().find(|t| t["tenant"] == "acme").unwrap();
+    assert_eq!(
+        (acme["source"].as_str(), acme["keys"][0].as_str()),
+        (Some("api"), Some(old_id.as_str()))
+    );
+    let a = rows.iter().find(|t| t["tenant"] == "a").unwrap();
+    assert_eq!(
+        (a["source"].as_str(), a["keys"].is_null()),
+        (Some("config"), true)
+    );
     // GET never shows a key; it shows its id and a hash prefix.
     let t = admin(addr, Method::GET, "/admin/tenants/acme", Value::Null).await;
     assert!(!String::from_utf8_lossy(&t.body).contains(&old));

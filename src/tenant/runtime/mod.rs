@@ -342,6 +342,12 @@ impl Registry {
         self.read().file_ids.contains(id)
     }
 
+    /// Whether `id` is a live API tenant (not hidden by the file).
+    pub fn is_api_tenant(&self, id: &str) -> bool {
+        let index = self.read();
+        index.tenants.contains_key(id) && !index.file_ids.contains(id)
+    }
+
     /// The live API tenant `id`.
     pub fn tenant(&self, id: &str) -> Option<TenantRecord> {
         self.read().tenants.get(id).cloned()
