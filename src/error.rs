@@ -125,12 +125,21 @@ impl Error {
 
     /// Every header of the eventual response beyond content type: `Retry-After` and
     /// `retry-after-ms`, the stage's own, the `x-fairgate-limit`, then what stages above added.
+    /// A wait longer than [`SDK_MAX_RETRY_WAIT`] also says `x-should-retry: false`: the OpenAI
+    /// SDKs honour `Retry-After` only up to 60 s and would retry early, in vain.
     pub fn all_headers(&self) -> Vec<(HeaderName, HeaderValue)> {
         let mut h = Vec::new();
+        let own = self.inner.headers();
         if let Some(wait) = self.inner.retry_after() {
             h.extend(retry_headers(wait));
+            if wait > SDK_MAX_RETRY_WAIT && !own.iter().any(|(k, _)| k == SHOULD_RETRY) {
+                h.push((
+                    HeaderName::from_static(SHOULD_RETRY),
+                    HeaderValue::from_static("false"),
+                ));
+            }
         }
-        h.extend(self.inner.headers());
+        h.extend(own);
         if let Some(limit) = self.inner.limit() {
             h.push(limit.header());
         }
@@ -190,6 +199,13 @@ pub fn openai_json(api: &dyn ApiError) -> Vec<u8> {
     });
     serde_json::to_vec(&body).unwrap_or_default()
 }
+
+/// Response header the OpenAI SDKs obey before anything else: `false`, do not retry.
+pub const SHOULD_RETRY: &str = "x-should-retry";
+
+/// The longest `Retry-After` the OpenAI SDKs wait for (a longer one they replace by their own
+/// short backoff).
+pub const SDK_MAX_RETRY_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Response header: the wait in milliseconds, beside `Retry-After` (the OpenAI SDKs read it
 /// first).
@@ -308,6 +324,42 @@ mod tests {
             serde_json::json!({"error": {"message": "slow down", "type": "requests",
                 "code": "rate_limit_exceeded", "param": null}})
         );
+    }
+
+    #[test]
+    fn a_wait_past_what_the_sdks_honour_says_do_not_retry() {
+        use std::time::Duration;
+        #[derive(Debug, thiserror::Error)]
+        #[error("wait")]
+        struct Wait(Duration);
+        impl ApiError for Wait {
+            fn status(&self) -> StatusCode {
+                StatusCode::TOO_MANY_REQUESTS
+            }
+            fn kind(&self) -> &'static str {
+                "requests"
+            }
+            fn code(&self) -> &'static str {
+                "rate_limit_exceeded"
+            }
+            fn retry_after(&self) -> Option<Duration> {
+                Some(self.0)
+            }
+            fn reason(&self) -> Reason {
+                Reason::Internal
+            }
+        }
+        let says = |wait| {
+            Error::from(Wait(wait))
+                .all_headers()
+                .iter()
+                .filter(|(k, _)| k == SHOULD_RETRY)
+                .map(|(_, v)| v.to_str().unwrap().to_owned())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(says(Duration::from_secs(75)), ["false"]);
+        assert!(says(Duration::from_secs(60)).is_empty());
+        assert!(says(Duration::from_secs(2)).is_empty());
     }
 
     #[test]

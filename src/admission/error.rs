@@ -83,7 +83,8 @@ impl ApiError for Error {
         match self {
             Error::RequestRate { .. } => "requests",
             Error::TokenRate { .. } => "tokens",
-            Error::DeadlineInfeasible { .. } => "server_error",
+            // A 429 like every other of fairgate's: OpenAI's rate-limit `type`.
+            Error::DeadlineInfeasible { .. } => "requests",
             _ => "invalid_request_error",
         }
     }

@@ -378,7 +378,8 @@ impl crate::error::ApiError for KeyPaused {
         StatusCode::TOO_MANY_REQUESTS
     }
     fn kind(&self) -> &'static str {
-        "rate_limit_error"
+        // OpenAI's rate-limit `type` (not Anthropic's `rate_limit_error`).
+        "requests"
     }
     fn code(&self) -> &'static str {
         "rate_limit_exceeded"

@@ -78,7 +78,8 @@ impl ApiError for Error {
     }
     fn kind(&self) -> &'static str {
         match self {
-            Error::Limit { .. } => "rate_limit_error",
+            // fairgate's 429s share OpenAI's rate-limit `type` (see `error::Error::all_headers`).
+            Error::Limit { .. } => "requests",
             Error::Store(_) => "server_error",
             _ => "invalid_request_error",
         }

@@ -49,6 +49,7 @@ mod openai_client;
 mod ops_access;
 mod otel;
 mod otel_genai;
+mod refusals;
 mod reload;
 mod serve;
 mod stream_budget;
