@@ -180,7 +180,8 @@ async fn a_tenants_open_transfers_are_capped_and_another_tenant_is_not() {
         c.request(req).await.map(|r| r.status().as_u16())
     });
     let capped = async {
-        for _ in 0..200 {
+        // Until the held upload has its slot (bounded: a loaded machine may take seconds).
+        for _ in 0..1000 {
             let r = send(upload(proxy.addr, KEY_A, "second.jsonl", "{}\n")).await;
             if r.status == 429 {
                 return Some(r);
