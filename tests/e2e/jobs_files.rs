@@ -157,42 +157,53 @@ async fn a_tenants_open_transfers_are_capped_and_another_tenant_is_not() {
         .set("jobs.max_transfers_per_tenant", 1)
         .start()
         .await;
+    type Held = (
+        tokio::sync::mpsc::Sender<Result<http_body::Frame<Bytes>, std::io::Error>>,
+        tokio::task::JoinHandle<Result<u16, hyper_util::client::legacy::Error>>,
+    );
     // An upload that sends its head and then holds: it keeps a's one transfer slot.
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<http_body::Frame<Bytes>, std::io::Error>>(4);
-    let (head, _) = form("slow.jsonl", "");
-    tx.send(Ok(http_body::Frame::data(Bytes::from(
-        head + "{\"a\":1}\n",
-    ))))
-    .await
-    .unwrap();
-    let frames = futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|frame| (frame, rx))
-    });
-    let body = StreamBody::new(frames);
-    let req = Request::post(format!("http://{}/v1/files", proxy.addr))
-        .header("authorization", format!("Bearer {KEY_A}"))
-        .header("content-type", "multipart/form-data; boundary=B")
-        .body(body.boxed())
+    let hold = || async {
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let (head, _) = form("slow.jsonl", "");
+        tx.send(Ok(http_body::Frame::data(Bytes::from(
+            head + "{\"a\":1}\n",
+        ))))
+        .await
         .unwrap();
-    let held = tokio::spawn(async move {
-        let c = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-            .build_http::<http_body_util::combinators::BoxBody<Bytes, std::io::Error>>();
-        c.request(req).await.map(|r| r.status().as_u16())
-    });
-    let capped = async {
-        // Until the held upload has its slot (bounded: a loaded machine may take seconds).
-        for _ in 0..1000 {
+        let frames = futures_util::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|frame| (frame, rx))
+        });
+        let req = Request::post(format!("http://{}/v1/files", proxy.addr))
+            .header("authorization", format!("Bearer {KEY_A}"))
+            .header("content-type", "multipart/form-data; boundary=B")
+            .body(StreamBody::new(frames).boxed())
+            .unwrap();
+        let held = tokio::spawn(async move {
+            let c =
+                hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                    .build_http::<http_body_util::combinators::BoxBody<Bytes, std::io::Error>>();
+            c.request(req).await.map(|r| r.status().as_u16())
+        });
+        (tx, held) as Held
+    };
+    // A probe may take the slot just before the held upload asks (which then ends with its own
+    // 429): a 429 counts only while the held upload is still open; else it is started again.
+    let mut refused = None;
+    'rounds: for _ in 0..50 {
+        let (tx, held) = hold().await;
+        for _ in 0..100 {
             let r = send(upload(proxy.addr, KEY_A, "second.jsonl", "{}\n")).await;
+            if held.is_finished() {
+                continue 'rounds;
+            }
             if r.status == 429 {
-                return Some(r);
+                refused = Some((r, tx, held));
+                break 'rounds;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        None
-    };
-    let r = capped
-        .await
-        .expect("a second transfer of a is refused while one is open");
+    }
+    let (r, tx, held) = refused.expect("a second transfer of a is refused while one is open");
     r.assert_error(429, "job_limit_exceeded");
     assert_eq!(r.headers["x-fairgate-limit"], "tenant");
     // Tenant b's transfers are its own.
