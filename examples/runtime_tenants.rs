@@ -58,6 +58,10 @@ async fn start(text: &str) -> (fairgate::server::ServerHandle, Duration) {
 type Http = Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
 
 async fn call(c: &Http, addr: SocketAddr, path: &str, key: &str, body: &str) -> u16 {
+    call_body(c, addr, path, key, body).await.0
+}
+
+async fn call_body(c: &Http, addr: SocketAddr, path: &str, key: &str, body: &str) -> (u16, String) {
     let req = http::Request::post(format!("http://{addr}{path}"))
         .header("authorization", format!("Bearer {key}"))
         .header("content-type", "application/json")
@@ -65,8 +69,13 @@ async fn call(c: &Http, addr: SocketAddr, path: &str, key: &str, body: &str) -> 
         .unwrap();
     let res = c.request(req).await.expect("answer");
     let status = res.status().as_u16();
-    let _ = res.into_body().collect().await;
-    status
+    let body = res
+        .into_body()
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    (status, String::from_utf8_lossy(&body).into_owned())
 }
 
 const CHAT: &str =
@@ -169,7 +178,8 @@ async fn main() {
             tokio::spawn(async move {
                 for i in (w..keys).step_by(8) {
                     let path = format!("/admin/tenants/t{}/keys", i % n);
-                    assert_eq!(call(&c, addr, &path, TOKEN, "{}").await, 201);
+                    let (status, body) = call_body(&c, addr, &path, TOKEN, "{}").await;
+                    assert_eq!(status, 201, "{body}");
                 }
             })
         })

@@ -101,8 +101,15 @@ fn tenant_print(t: &TenantConfig, c: &Config) -> String {
 /// What differs between `old` and `new` (call after [`pin_restart_only`]).
 pub fn diff(old: &Config, new: &Config) -> Changes {
     let mut c = Changes::default();
+    // By id through maps: 10,000 tenants (API tenants included) are two passes, not 10^8 probes.
+    let by_id = |cfg: &'_ Config| -> std::collections::HashMap<String, usize> {
+        (cfg.tenants.iter().enumerate())
+            .map(|(i, t)| (t.id.clone(), i))
+            .collect()
+    };
+    let (old_ids, new_ids) = (by_id(old), by_id(new));
     for t in &new.tenants {
-        match old.tenants.iter().find(|o| o.id == t.id) {
+        match old_ids.get(&t.id).map(|&i| &old.tenants[i]) {
             None => c.tenants_added.push(t.id.clone()),
             Some(o) if tenant_print(o, old) != tenant_print(t, new) => {
                 c.tenants_changed.push(t.id.clone());
@@ -113,7 +120,7 @@ pub fn diff(old: &Config, new: &Config) -> Changes {
     c.tenants_removed = old
         .tenants
         .iter()
-        .filter(|o| !new.tenants.iter().any(|t| t.id == o.id))
+        .filter(|o| !new_ids.contains_key(&o.id))
         .map(|o| o.id.clone())
         .collect();
     for u in &new.upstreams {
