@@ -302,6 +302,13 @@ impl Book {
             .unwrap_or_default()
     }
 
+    /// What is left of one budget at `now` (its amount less spent and reserved).
+    pub fn left(&mut self, tenant: &TenantId, limit: &Limit, now: i64) -> u64 {
+        limit
+            .amount
+            .saturating_sub(self.account(tenant, now).used(limit))
+    }
+
     /// What is left of `limits` at `now`.
     pub fn remaining(&mut self, tenant: &TenantId, limits: &[Limit], now: i64) -> Remaining {
         self.account(tenant, now).remaining(limits)

@@ -173,6 +173,13 @@ impl Spending {
         self.book().remaining(tenant, limits, now)
     }
 
+    /// What is left of each of `limits` for `tenant` now, in their order.
+    pub fn left(&self, tenant: &TenantId, limits: &[Limit]) -> Vec<u64> {
+        let now = self.now();
+        let mut book = self.book();
+        limits.iter().map(|l| book.left(tenant, l, now)).collect()
+    }
+
     /// Spent by `tenant` in the `period` window now.
     pub fn spent(&self, tenant: &TenantId, period: Period) -> Spend {
         let now = self.now();

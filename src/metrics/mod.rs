@@ -15,6 +15,7 @@
 //! the standard `process_*` families (`process`), and the OpenTelemetry GenAI client metrics
 //! in their Prometheus form (`genai`).
 
+mod budget;
 mod endpoints;
 mod fairness;
 mod genai;
@@ -506,6 +507,9 @@ impl Metrics {
         drop(registry);
         families.finish(&mut text);
         text.push_str(&gauges);
+        text.push_str(&budget::render(&admission.budgets, self.top_tenants, |v| {
+            escape(v).into_owned()
+        }));
         {
             use std::fmt::Write as _;
             let _ =

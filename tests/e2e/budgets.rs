@@ -82,6 +82,16 @@ async fn a_spent_budget_is_429_insufficient_quota_until_the_period_resets() {
     assert!(retry.abs_diff(until_midnight()) <= 5, "Retry-After {retry}");
     assert!(r.headers.contains_key("x-fairgate-budget-remaining-tokens"));
     assert!(spent <= 200, "spent {spent} of 200");
+    let left = value(
+        &scrape(proxy.addr).await,
+        "fairgate_budget_remaining",
+        &[("tenant", "a"), ("period", "day"), ("unit", "tokens")],
+    );
+    assert_eq!(
+        left,
+        Some((200 - spent) as f64),
+        "the gauge shows what is left"
+    );
     assert!(
         spent > 200 - 60,
         "refused only when the estimate no longer fits: {spent}"
