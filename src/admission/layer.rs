@@ -119,6 +119,11 @@ impl Meter for Reconcile {
         let over_cap = self.limits.max_output.is_some_and(|m| p.output > m);
         !(over_cap || (self.limits.cut_off_over_budget && !covered))
     }
+
+    fn exact(&self) -> bool {
+        self.limits.max_output.is_some()
+            || (self.limits.cut_off_over_budget && self.charged.is_some())
+    }
 }
 
 impl Drop for Reconcile {

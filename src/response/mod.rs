@@ -44,6 +44,13 @@ pub trait Meter: Send + Sync + 'static {
     /// The response has produced `progress` so far (it only grows). `false`: the stream passed
     /// a limit this meter enforces and should be ended.
     fn progress(&mut self, progress: Progress) -> bool;
+
+    /// Whether this meter enforces a limit on the output (it may end the stream), so the
+    /// output it is told must be counted exactly; else an estimate from the text's bytes does
+    /// (the final usage settles it).
+    fn exact(&self) -> bool {
+        false
+    }
 }
 
 /// Meters a stage hands down, in the request's extensions, to be attached by a stage below to
@@ -146,6 +153,11 @@ impl ResponseBody {
             go_on &= m.progress(progress);
         }
         go_on
+    }
+
+    /// Whether a meter needs the output counted exactly ([`Meter::exact`]).
+    pub fn exact_progress(&self) -> bool {
+        self.meters.iter().any(|m| m.exact())
     }
 
     /// Takes the guards (and meters) attached so far, for a wrapper that must keep them alive

@@ -7,7 +7,8 @@
 //! `choices[].message.content` (chat JSON), `choices[].text` (completions), a string `delta`
 //! (Responses `*.delta` events), and tool-call arguments.
 //!
-//! A whole JSON body is first read for its top-level `usage` from its end
+//! An SSE event is skimmed (`skim`: no parse but of a `usage` object on its path); a whole JSON
+//! body is first read for its top-level `usage` from its end
 //! ([`usage_from_end`]: the last `"usage"` key, checked to belong to the outermost object by a
 //! scan of what follows it), which skips everything before it; a body where that does not find
 //! a usage with output tokens is parsed whole.
@@ -131,6 +132,8 @@ pub struct Tally {
     /// The answer's id, model and finish reasons, read only when asked for (recorded requests).
     pub meta: Option<Box<super::meta::Collector>>,
     max_text: usize,
+    /// Reused to decode escaped text (no allocation per event).
+    scratch: String,
 }
 
 impl Tally {
@@ -143,7 +146,24 @@ impl Tally {
             malformed: 0,
             meta: None,
             max_text,
+            scratch: String::new(),
         }
+    }
+
+    /// Keeps the raw content of a JSON string (`escaped`: it holds `\` escapes).
+    fn push_raw(&mut self, raw: &[u8], escaped: bool) {
+        if !escaped {
+            if let Ok(s) = std::str::from_utf8(raw) {
+                self.push_text(s);
+            }
+            return;
+        }
+        let mut scratch = std::mem::take(&mut self.scratch);
+        scratch.clear();
+        if super::skim::unescape(raw, &mut scratch) {
+            self.push_text(&scratch);
+        }
+        self.scratch = scratch;
     }
 
     fn push_text(&mut self, s: &str) {
@@ -178,15 +198,30 @@ impl Tally {
         self.observe_doc(json)
     }
 
-    /// Observes one JSON document.
+    /// Observes one JSON document (an SSE event's data) by a skim: its usage parsed only when
+    /// it has one, its text read without a parse.
     pub fn observe(&mut self, json: &[u8]) -> Seen {
         if let Some(m) = &mut self.meta {
             m.see(json);
         }
-        self.observe_doc(json)
+        let Some(found) = super::skim::skim(json, &mut |raw, escaped| self.push_raw(raw, escaped))
+        else {
+            self.malformed += 1;
+            return Seen::default();
+        };
+        let usage = found.usage;
+        if usage.is_some() {
+            self.usage = usage;
+        }
+        Seen {
+            usage,
+            usage_only: usage.is_some() && !found.choices,
+        }
     }
 
-    fn observe_doc(&mut self, json: &[u8]) -> Seen {
+    /// Observes one JSON document by a full parse (a body whose usage the read from its end
+    /// did not find; and what the skim is tested against).
+    pub(super) fn observe_doc(&mut self, json: &[u8]) -> Seen {
         let Ok(doc) = serde_json::from_slice::<Doc<'_>>(json) else {
             self.malformed += 1;
             return Seen::default();
@@ -229,7 +264,7 @@ fn usage_from_end(json: &[u8]) -> Option<Usage> {
     const KEY: &[u8] = b"\"usage\"";
     let mut end = json.len();
     loop {
-        let at = json[..end].windows(KEY.len()).rposition(|w| w == KEY)?;
+        let at = memchr::memmem::rfind(&json[..end], KEY)?;
         end = at;
         let backslashes = json[..at].iter().rev().take_while(|&&b| b == b'\\').count();
         let mut i = at + KEY.len();

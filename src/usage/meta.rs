@@ -59,7 +59,7 @@ fn bounded(s: &str) -> String {
 }
 
 fn contains(hay: &[u8], needle: &[u8]) -> bool {
-    hay.windows(needle.len()).any(|w| w == needle)
+    memchr::memmem::find(hay, needle).is_some()
 }
 
 /// Collects a response's [`ResponseMeta`] over its body or events.

@@ -12,7 +12,9 @@
 //! - No buffering, no added latency: every frame is forwarded as soon as it arrives. JSON bodies
 //!   are copied aside as they pass, up to [`MAX_JSON_BYTES`], and parsed once at the end; SSE is
 //!   scanned line by line (`sse`), holding back at most the current partial line, and only when
-//!   a usage chunk must be removed.
+//!   a usage chunk must be removed. SSE events are skimmed, never parsed whole (`skim`: only a
+//!   `usage` object on its path is), and a stream's output is counted with the tokenizer while
+//!   it passes only when a meter enforces a limit on it (`Meter::exact`).
 //! - Reconciliation happens exactly once — at end of stream, on an error frame, or on drop
 //!   (client gone, upstream abort) — and always before the guards of the body below (the
 //!   permit) are released.
@@ -28,8 +30,10 @@
 
 pub mod decode;
 pub mod extract;
+mod keys;
 pub mod meta;
 mod observe;
+pub mod skim;
 pub mod sse;
 
 use std::pin::Pin;
@@ -174,7 +178,8 @@ impl HttpBody for Body {
                 Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
                     Ok(data) => {
                         let out = this.obs.see(data);
-                        let go_on = match this.obs.progress() {
+                        let exact = this.inner.exact_progress();
+                        let go_on = match this.obs.progress(exact) {
                             Some(p) => this.inner.as_mut().progress(p),
                             None => true,
                         };

@@ -143,9 +143,12 @@ impl Feed {
     }
 }
 
-/// A stream's output counted as it passes (SSE only): each byte of delta text is counted once,
-/// in steps of at least [`STEP_BYTES`], so the CPU spent is bounded by the text kept for the
-/// final count (`max_exact_bytes`); text past that is estimated from its bytes.
+/// A stream's output counted as it passes (SSE only). When a meter enforces a limit on it
+/// (`exact`), each byte of delta text is counted once, in steps of at least [`STEP_BYTES`], so
+/// the CPU spent is bounded by the text kept for the final count (`max_exact_bytes`); text past
+/// that is estimated from its bytes. Otherwise the text's bytes / 4 stand for it (the meters
+/// then only follow the cost; the final usage settles it). A provider that reports usage on
+/// every chunk is taken at its word.
 #[derive(Debug, Default)]
 struct Running {
     /// Bytes of the tally's text counted so far.
@@ -229,26 +232,32 @@ impl Observer {
         }
     }
 
-    /// A stream's progress, when its counted output grew by a step since the last report.
-    pub(super) fn progress(&mut self) -> Option<crate::response::Progress> {
+    /// A stream's progress, when its output grew by a step since the last report; counted
+    /// exactly when `exact` (see [`Running`]).
+    pub(super) fn progress(&mut self, exact: bool) -> Option<crate::response::Progress> {
         let l = self.ledger.as_ref()?;
         let plain = self.feed.plain();
         if !matches!(plain.mode, Mode::Sse(_)) {
             return None;
         }
         let tally = &plain.tally;
-        let new = tally.text.len() - self.running.bytes;
-        if new >= STEP_BYTES {
-            let counted = l
-                .estimator
-                .count_text(l.encoding, &tally.text[self.running.bytes..]);
-            self.running.tokens = self.running.tokens.saturating_add(counted.tokens);
-            self.running.bytes = tally.text.len();
-        }
-        let output = self
-            .running
-            .tokens
-            .saturating_add(tally.extra_bytes.div_ceil(4));
+        let output = if let Some(reported) = tally.usage.and_then(|u| u.completion_tokens) {
+            reported
+        } else {
+            let new = tally.text.len() - self.running.bytes;
+            if exact && new >= STEP_BYTES {
+                let counted = l
+                    .estimator
+                    .count_text(l.encoding, &tally.text[self.running.bytes..]);
+                self.running.tokens = self.running.tokens.saturating_add(counted.tokens);
+                self.running.bytes = tally.text.len();
+            }
+            let uncounted = if exact { 0 } else { new.div_ceil(4) as u64 };
+            self.running
+                .tokens
+                .saturating_add(uncounted)
+                .saturating_add(tally.extra_bytes.div_ceil(4))
+        };
         if output < self.running.reported.saturating_add(STEP_BYTES as u64 / 4) {
             return None;
         }

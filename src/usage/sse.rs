@@ -10,8 +10,12 @@
 //!   there only because usage was asked for). A partial line over [`MAX_LINE`] is forwarded as
 //!   is, and that line is then passed through unobserved.
 //! - Output = input minus dropped events, byte for byte, whatever the chunking.
+//! - No copy and no allocation per chunk: lines are found with `memchr`; a strip-mode chunk that
+//!   needs no edit is forwarded as a slice of itself, an edited one is built in one buffer that
+//!   is reused once the client has written the previous one.
 
 use bytes::{BufMut, Bytes, BytesMut};
+use memchr::{memchr, memmem};
 
 /// Longest line observed (or held back in strip mode).
 pub const MAX_LINE: usize = 1 << 20;
@@ -27,6 +31,8 @@ pub struct Scanner {
     overlong: bool,
     /// The previous `data:` line was dropped: drop the blank line that ends its event.
     skip_blank: bool,
+    /// Strip mode's output buffer, reused from chunk to chunk.
+    out: BytesMut,
 }
 
 fn payload(line: &[u8]) -> Option<&[u8]> {
@@ -35,8 +41,42 @@ fn payload(line: &[u8]) -> Option<&[u8]> {
     Some(rest.strip_prefix(b" ").unwrap_or(rest))
 }
 
-fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
+/// What strip mode does with one complete line.
+enum Edit {
+    Keep,
+    Drop,
+    /// Keep it without the `,"usage":null` at this offset.
+    Cut(usize),
+}
+
+/// Strip mode's output for one chunk: a prefix of the chunk itself while nothing was edited,
+/// else the scanner's buffer.
+struct Out<'a> {
+    chunk: &'a Bytes,
+    /// Not built: the output so far is `chunk[..verbatim]`.
+    built: bool,
+    verbatim: usize,
+}
+
+impl Out<'_> {
+    /// Forwards `chunk[at..at + len]`.
+    fn pass(&mut self, buf: &mut BytesMut, at: usize, len: usize) {
+        if self.built {
+            buf.put_slice(&self.chunk[at..at + len]);
+        } else {
+            debug_assert_eq!(self.verbatim, at);
+            self.verbatim = at + len;
+        }
+    }
+
+    /// Switches to building (the bytes so far copied into `buf`).
+    fn build(&mut self, buf: &mut BytesMut, extra: usize) {
+        if !self.built {
+            self.built = true;
+            buf.reserve(self.chunk.len() + extra);
+            buf.put_slice(&self.chunk[..self.verbatim]);
+        }
+    }
 }
 
 impl Scanner {
@@ -55,43 +95,70 @@ impl Scanner {
             self.observe(&chunk, keep);
             return chunk;
         }
-        let mut out = BytesMut::new();
-        let mut rest: &[u8] = &chunk;
-        while let Some(nl) = rest.iter().position(|&b| b == b'\n') {
-            let (piece, tail) = rest.split_at(nl + 1);
-            rest = tail;
+        let mut out = Out {
+            chunk: &chunk,
+            built: false,
+            verbatim: 0,
+        };
+        let buf = &mut self.out;
+        if !self.partial.is_empty() {
+            out.build(buf, self.partial.len());
+        }
+        let mut pos = 0;
+        while let Some(nl) = memchr(b'\n', &chunk[pos..]) {
+            let (at, len) = (pos, nl + 1);
+            pos += len;
             if self.overlong {
                 self.overlong = false;
-                out.put_slice(piece);
+                out.pass(buf, at, len);
                 continue;
             }
-            let line = if self.partial.is_empty() {
-                piece
+            let from_partial = !self.partial.is_empty();
+            if from_partial {
+                self.partial.extend_from_slice(&chunk[at..pos]);
+            }
+            let line: &[u8] = if from_partial {
+                &self.partial
             } else {
-                self.partial.extend_from_slice(piece);
-                &self.partial[..]
+                &chunk[at..pos]
             };
-            emit(&mut self.skip_blank, line, &mut out, keep);
+            match edit(&mut self.skip_blank, line, keep) {
+                Edit::Keep if from_partial => buf.put_slice(line),
+                Edit::Keep => out.pass(buf, at, len),
+                Edit::Drop => out.build(buf, 0),
+                Edit::Cut(i) => {
+                    out.build(buf, 0);
+                    buf.put_slice(&line[..i]);
+                    buf.put_slice(&line[i + NULL_USAGE.len()..]);
+                }
+            }
             self.partial.clear();
         }
+        let rest = chunk.len() - pos;
         if self.overlong {
-            out.put_slice(rest);
-        } else if self.partial.len() + rest.len() > MAX_LINE {
-            out.put_slice(&self.partial);
-            out.put_slice(rest);
+            out.pass(buf, pos, rest);
+        } else if self.partial.len() + rest > MAX_LINE {
+            if !self.partial.is_empty() {
+                buf.put_slice(&self.partial);
+            }
+            out.pass(buf, pos, rest);
             self.partial.clear();
             self.overlong = true;
         } else {
-            self.partial.extend_from_slice(rest);
+            self.partial.extend_from_slice(&chunk[pos..]);
         }
-        out.freeze()
+        if out.built {
+            buf.split().freeze()
+        } else {
+            chunk.slice(..out.verbatim)
+        }
     }
 
     /// Observe mode over a borrowed chunk (forwarding is the caller's): `keep` sees every
     /// complete `data:` payload, its answer is ignored.
     pub fn observe(&mut self, chunk: &[u8], keep: &mut dyn FnMut(&[u8]) -> bool) {
         let mut rest = chunk;
-        while let Some(nl) = rest.iter().position(|&b| b == b'\n') {
+        while let Some(nl) = memchr(b'\n', rest) {
             let (line, tail) = (&rest[..nl], &rest[nl + 1..]);
             rest = tail;
             if std::mem::take(&mut self.overlong) {
@@ -135,30 +202,23 @@ impl Scanner {
     }
 }
 
-/// Handles one complete line (with its `\n`) in strip mode.
-fn emit(
-    skip_blank: &mut bool,
-    line: &[u8],
-    out: &mut BytesMut,
-    keep: &mut dyn FnMut(&[u8]) -> bool,
-) {
+/// What strip mode does with one complete line (with its `\n`).
+fn edit(skip_blank: &mut bool, line: &[u8], keep: &mut dyn FnMut(&[u8]) -> bool) -> Edit {
     let body = &line[..line.len() - 1];
     let blank = body.is_empty() || body == b"\r";
     if std::mem::take(skip_blank) && blank {
-        return;
+        return Edit::Drop;
     }
     if let Some(p) = payload(body) {
         if !keep(p) {
             *skip_blank = true;
-            return;
+            return Edit::Drop;
         }
-        if let Some(i) = find(line, NULL_USAGE) {
-            out.put_slice(&line[..i]);
-            out.put_slice(&line[i + NULL_USAGE.len()..]);
-            return;
+        if let Some(i) = memmem::find(line, NULL_USAGE) {
+            return Edit::Cut(i);
         }
     }
-    out.put_slice(line);
+    Edit::Keep
 }
 
 #[cfg(test)]

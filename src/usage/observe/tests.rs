@@ -120,3 +120,56 @@ fn huge_provider_numbers_saturate() {
     assert_eq!(u.tokens.total().0, u64::MAX);
     assert!(u.cost.0 > 0);
 }
+
+/// Feeds `events` (SSE data payloads, one frame each) and collects every progress reported.
+fn progress_of(events: &[String], exact: bool) -> Vec<u64> {
+    let ctx = Ctx::new();
+    let est = Arc::new(Estimator::with_defaults());
+    let mut obs = Observer::new(&estimate(), est, ctx, true, Some(Coding::Identity));
+    let mut seen = Vec::new();
+    for e in events {
+        obs.see(Bytes::from(format!("data: {e}\n\n")));
+        if let Some(p) = obs.progress(exact) {
+            seen.push(p.output);
+        }
+    }
+    seen
+}
+
+#[test]
+fn progress_is_counted_exactly_only_for_a_limit_and_taken_from_running_usage() {
+    let word = |i| format!(r#"{{"choices":[{{"delta":{{"content":" word{i} and more text"}}}}]}}"#);
+    let events: Vec<String> = (0..200).map(word).collect();
+    let exact = progress_of(&events, true);
+    let rough = progress_of(&events, false);
+    assert!(!exact.is_empty() && !rough.is_empty());
+    // Both grow in steps of at least 64 tokens; the estimate is bytes / 4 of the same text.
+    let text_bytes: usize = (0..200)
+        .map(|i| format!(" word{i} and more text").len())
+        .sum();
+    assert!(rough.last().unwrap().abs_diff(text_bytes as u64 / 4) <= 64);
+    let exact_total = Estimator::with_defaults()
+        .count_text(
+            Encoding::O200K,
+            &(0..200)
+                .map(|i| format!(" word{i} and more text"))
+                .collect::<String>(),
+        )
+        .tokens;
+    assert!(
+        exact.last().unwrap().abs_diff(exact_total) <= 64,
+        "{exact:?} vs {exact_total}"
+    );
+    // A provider that reports usage on every chunk is taken at its word.
+    let events: Vec<String> = (0..200)
+        .map(|i| {
+            format!(
+                r#"{{"choices":[{{"delta":{{"content":"x"}}}}],"usage":{{"prompt_tokens":5,"completion_tokens":{}}}}}"#,
+                10 * i
+            )
+        })
+        .collect();
+    let told = progress_of(&events, true);
+    assert!(told.iter().all(|t| t % 10 == 0), "{told:?}");
+    assert!(*told.last().unwrap() > 1990 - 64, "{told:?}");
+}

@@ -1,0 +1,274 @@
+//! A skim of one JSON document (an SSE event's data) for what accounting reads — its `usage`
+//! and its generated text — without parsing it: one pass that walks only the members on the
+//! paths of [`keys`](super::keys), skips every other value with `memchr` over its strings, and
+//! parses nothing but a `usage` object found on its path (with serde, exactly).
+//!
+//! Invariants:
+//! - No allocation: text is handed to the caller as the raw bytes between its quotes (with
+//!   whether it holds escapes; [`unescape`] decodes them as JSON does).
+//! - Bounded recursion: only the values on an accounting path are walked into (at most seven
+//!   levels); every other value is skipped by an iterative bracket count.
+//! - A document that is not one well-bracketed JSON object says nothing (`None`), though text met
+//!   before the fault was already handed out; numbers and literals are not validated.
+
+use memchr::{memchr, memchr2};
+
+use super::extract::Usage;
+use super::keys::{Role, USAGE_SLOTS};
+
+/// What a skimmed document held.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Skim {
+    /// Its usage (`usage`, else `response.usage`, else `x_groq.usage`), if an object.
+    pub usage: Option<Usage>,
+    /// Whether its top-level `choices` array had an element.
+    pub choices: bool,
+}
+
+/// Skims `json`; `text(raw, escaped)` gets each generated text string (the bytes between its
+/// quotes, and whether they hold a `\` escape), in document order.
+pub fn skim(json: &[u8], text: &mut impl FnMut(&[u8], bool)) -> Option<Skim> {
+    let mut w = Walk {
+        b: json,
+        i: 0,
+        usage: [None; USAGE_SLOTS],
+        choices: false,
+        text,
+    };
+    w.ws();
+    if w.peek()? != b'{' {
+        return None;
+    }
+    w.object(Role::Root)?;
+    w.ws();
+    if w.i != json.len() {
+        return None;
+    }
+    Some(Skim {
+        usage: w.usage.into_iter().flatten().next(),
+        choices: w.choices,
+    })
+}
+
+struct Walk<'a, 't, F> {
+    b: &'a [u8],
+    i: usize,
+    usage: [Option<Usage>; USAGE_SLOTS],
+    choices: bool,
+    text: &'t mut F,
+}
+
+impl<F: FnMut(&[u8], bool)> Walk<'_, '_, F> {
+    fn peek(&self) -> Option<u8> {
+        self.b.get(self.i).copied()
+    }
+
+    fn ws(&mut self) {
+        while matches!(self.peek(), Some(b' ' | b'\n' | b'\r' | b'\t')) {
+            self.i += 1;
+        }
+    }
+
+    /// At a `"`: the range of the string's content and whether it holds escapes; moves past it.
+    fn string(&mut self) -> Option<(usize, usize, bool)> {
+        let start = self.i + 1;
+        let (mut j, mut escaped) = (start, false);
+        loop {
+            let k = j + memchr2(b'"', b'\\', self.b.get(j..)?)?;
+            if self.b[k] == b'"' {
+                self.i = k + 1;
+                return Some((start, k, escaped));
+            }
+            escaped = true;
+            j = k + 2;
+        }
+    }
+
+    /// Skips one value of any kind.
+    fn skip(&mut self) -> Option<()> {
+        match self.peek()? {
+            b'"' => {
+                self.string()?;
+            }
+            b'{' | b'[' => {
+                let mut depth = 0u32;
+                loop {
+                    match self.peek()? {
+                        b'"' => {
+                            self.string()?;
+                            continue;
+                        }
+                        b'{' | b'[' => depth += 1,
+                        b'}' | b']' => {
+                            depth -= 1;
+                            if depth == 0 {
+                                self.i += 1;
+                                return Some(());
+                            }
+                        }
+                        _ => {}
+                    }
+                    self.i += 1;
+                }
+            }
+            _ => {
+                let start = self.i;
+                while self.peek().is_some_and(|c| {
+                    !matches!(c, b',' | b'}' | b']' | b' ' | b'\n' | b'\r' | b'\t')
+                }) {
+                    self.i += 1;
+                }
+                if self.i == start {
+                    return None;
+                }
+            }
+        }
+        Some(())
+    }
+
+    fn value(&mut self, role: Role) -> Option<()> {
+        match (role, self.peek()?) {
+            (Role::Text, b'"') => {
+                let (s, e, escaped) = self.string()?;
+                (self.text)(&self.b[s..e], escaped);
+            }
+            (Role::Usage(p), b'{') => {
+                let mut values =
+                    serde_json::Deserializer::from_slice(&self.b[self.i..]).into_iter::<Usage>();
+                match values.next() {
+                    Some(Ok(u)) => {
+                        self.usage[usize::from(p)] = Some(u);
+                        self.i += values.byte_offset();
+                    }
+                    _ => self.skip()?,
+                }
+            }
+            (r, b'{') if r.walked() => self.object(r)?,
+            (r, b'[') if r.walked() => self.array(r)?,
+            _ => self.skip()?,
+        }
+        Some(())
+    }
+
+    fn object(&mut self, role: Role) -> Option<()> {
+        self.i += 1;
+        self.ws();
+        if self.peek()? == b'}' {
+            self.i += 1;
+            return Some(());
+        }
+        loop {
+            self.ws();
+            if self.peek()? != b'"' {
+                return None;
+            }
+            let (s, e, _) = self.string()?;
+            let child = role.member(&self.b[s..e]);
+            self.ws();
+            if self.peek()? != b':' {
+                return None;
+            }
+            self.i += 1;
+            self.ws();
+            self.value(child)?;
+            self.ws();
+            match self.peek()? {
+                b',' => self.i += 1,
+                b'}' => {
+                    self.i += 1;
+                    return Some(());
+                }
+                _ => return None,
+            }
+        }
+    }
+
+    fn array(&mut self, role: Role) -> Option<()> {
+        self.i += 1;
+        self.ws();
+        if self.peek()? == b']' {
+            self.i += 1;
+            return Some(());
+        }
+        let element = role.element();
+        loop {
+            self.ws();
+            if role == Role::Choices {
+                self.choices = true;
+            }
+            self.value(element)?;
+            self.ws();
+            match self.peek()? {
+                b',' => self.i += 1,
+                b']' => {
+                    self.i += 1;
+                    return Some(());
+                }
+                _ => return None,
+            }
+        }
+    }
+}
+
+/// Appends the JSON string content `raw` (between its quotes), its escapes decoded, to `out`;
+/// `false` (and `out` as it was) when it is not valid (bad UTF-8, a bad escape, a lone
+/// surrogate), as serde would refuse it.
+pub fn unescape(raw: &[u8], out: &mut String) -> bool {
+    let start = out.len();
+    if unescape_into(raw, out).is_none() {
+        out.truncate(start);
+        return false;
+    }
+    true
+}
+
+fn unescape_into(mut raw: &[u8], out: &mut String) -> Option<()> {
+    loop {
+        let Some(k) = memchr(b'\\', raw) else {
+            out.push_str(std::str::from_utf8(raw).ok()?);
+            return Some(());
+        };
+        out.push_str(std::str::from_utf8(&raw[..k]).ok()?);
+        let (c, used) = match *raw.get(k + 1)? {
+            b'"' => ('"', 2),
+            b'\\' => ('\\', 2),
+            b'/' => ('/', 2),
+            b'b' => ('\u{8}', 2),
+            b'f' => ('\u{c}', 2),
+            b'n' => ('\n', 2),
+            b'r' => ('\r', 2),
+            b't' => ('\t', 2),
+            b'u' => {
+                let hi = hex4(raw.get(k + 2..k + 6)?)?;
+                match hi {
+                    0xD800..=0xDBFF => {
+                        if raw.get(k + 6..k + 8)? != b"\\u" {
+                            return None;
+                        }
+                        let lo = hex4(raw.get(k + 8..k + 12)?)?;
+                        if !(0xDC00..=0xDFFF).contains(&lo) {
+                            return None;
+                        }
+                        let c = 0x10000 + ((hi - 0xD800) << 10) + (lo - 0xDC00);
+                        (char::from_u32(c)?, 12)
+                    }
+                    0xDC00..=0xDFFF => return None,
+                    _ => (char::from_u32(hi)?, 6),
+                }
+            }
+            _ => return None,
+        };
+        out.push(c);
+        raw = &raw[k + used..];
+    }
+}
+
+fn hex4(h: &[u8]) -> Option<u32> {
+    h.iter().try_fold(0u32, |n, &d| {
+        let v = (d as char).to_digit(16)?;
+        Some(n * 16 + v)
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,195 @@
+use proptest::prelude::*;
+
+use super::*;
+use crate::usage::extract::{Seen, Tally};
+
+fn text_of(json: &str) -> (Option<Skim>, String) {
+    let mut text = String::new();
+    let found = skim(json.as_bytes(), &mut |raw, escaped| {
+        if escaped {
+            assert!(unescape(raw, &mut text));
+        } else {
+            text.push_str(std::str::from_utf8(raw).unwrap());
+        }
+    });
+    (found, text)
+}
+
+#[test]
+fn reads_text_on_its_paths_only() {
+    let (s, t) = text_of(
+        r#"{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":"tok "},"logprobs":null,"finish_reason":null}],"usage":null}"#,
+    );
+    assert_eq!(
+        s,
+        Some(Skim {
+            usage: None,
+            choices: true
+        })
+    );
+    assert_eq!(t, "tok ");
+    let (_, t) = text_of(
+        r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"name":"f","arguments":"{\"a\":"}}]}},{"text":"b","message":{"content":"c"}}]}"#,
+    );
+    assert_eq!(t, "{\"a\":bc");
+    // Responses API: a string `delta` counts; the `text` of a `*.done` event does not.
+    assert_eq!(
+        text_of(r#"{"type":"response.output_text.delta","delta":"d"}"#).1,
+        "d"
+    );
+    assert_eq!(
+        text_of(r#"{"type":"response.output_text.done","text":"all"}"#).1,
+        ""
+    );
+    // Keys off the paths: a `content` at the top, a `text` inside a message, a delta object.
+    assert_eq!(
+        text_of(r#"{"content":"x","choices":[{"delta":{"text":"y","content":null}}],"delta":{"content":"z"}}"#).1,
+        ""
+    );
+}
+
+#[test]
+fn reads_usage_by_preference_and_whether_choices_were_empty() {
+    let u = |p, c| {
+        Some(Usage {
+            prompt_tokens: Some(p),
+            completion_tokens: Some(c),
+        })
+    };
+    let s = |j: &str| text_of(j).0.unwrap();
+    assert_eq!(
+        s(r#"{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2}}"#),
+        Skim {
+            usage: u(3, 2),
+            choices: false
+        }
+    );
+    assert_eq!(
+        s(
+            r#"{"type":"response.completed","response":{"id":"r","output":[{"content":[{"text":"no"}]}],"usage":{"input_tokens":7,"output_tokens":9}}}"#
+        ),
+        Skim {
+            usage: u(7, 9),
+            choices: false
+        }
+    );
+    assert_eq!(
+        s(
+            r#"{"x_groq":{"usage":{"prompt_tokens":1,"completion_tokens":1}},"usage":{"prompt_tokens":5,"completion_tokens":6},"choices":[{"delta":{}}]}"#
+        ),
+        Skim {
+            usage: u(5, 6),
+            choices: true
+        }
+    );
+    // A usage nested elsewhere, or null, is none.
+    assert_eq!(
+        s(r#"{"choices":[{"usage":{"prompt_tokens":1,"completion_tokens":1}}],"usage":null}"#)
+            .usage,
+        None
+    );
+    assert_eq!(
+        s(r#"{"meta":{"usage":{"prompt_tokens":1,"completion_tokens":1}}}"#).usage,
+        None
+    );
+}
+
+#[test]
+fn what_is_not_one_object_says_nothing() {
+    for bad in [
+        "not json",
+        "[1]",
+        r#"{"a":1"#,
+        r#"{"a":1}x"#,
+        r#"{"a":}"#,
+        r#"{"a" 1}"#,
+        r#"{"choices":[{"delta":{"content":"x"}}"#,
+        r#"{"s":"unterminated}"#,
+        "",
+    ] {
+        assert_eq!(text_of(bad).0, None, "{bad}");
+    }
+    assert!(text_of(" {\"a\":[1,{\"b\":[]}],\"c\":true} \r").0.is_some());
+}
+
+#[test]
+fn unescapes_as_json_does_and_refuses_what_it_refuses() {
+    let mut out = String::from("keep:");
+    assert!(unescape(
+        br#"a\n\t\"\\\/\b\f\r\u00e9\ud83d\ude00z"#,
+        &mut out
+    ));
+    assert_eq!(out, "keep:a\n\t\"\\/\u{8}\u{c}\r\u{e9}\u{1F600}z");
+    for bad in [
+        &br"\x"[..],
+        br"\u12",
+        br"\ud83d",
+        br"\ud83dx\ude00",
+        br"\ude00",
+        br"\",
+        b"\xff",
+    ] {
+        let mut out = String::from("keep");
+        assert!(!unescape(bad, &mut out), "{bad:?}");
+        assert_eq!(out, "keep");
+    }
+}
+
+/// `s` as a JSON string's content, with some characters written as `\u` escapes.
+fn escaped(s: &str, mask: u64) -> String {
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if mask >> (i % 64) & 1 == 1 {
+            let mut units = [0u16; 2];
+            for u in c.encode_utf16(&mut units) {
+                out.push_str(&format!("\\u{u:04x}"));
+            }
+        } else {
+            let j = serde_json::to_string(&c.to_string()).unwrap();
+            out.push_str(&j[1..j.len() - 1]);
+        }
+    }
+    out
+}
+
+proptest! {
+    #[test]
+    fn unescape_inverts_any_escaping(s in any::<String>(), mask in any::<u64>()) {
+        let mut out = String::new();
+        prop_assert!(unescape(escaped(&s, mask).as_bytes(), &mut out));
+        prop_assert_eq!(out, s);
+    }
+
+    /// Over the shapes providers send, the skim sees what a full parse sees.
+    #[test]
+    fn the_skim_sees_what_a_parse_sees(
+        texts in proptest::collection::vec(any::<String>(), 1..4),
+        mask in any::<u64>(),
+        shape in 0usize..6,
+        usage in proptest::option::of((0u64..10_000, 0u64..10_000)),
+        empty in any::<bool>(),
+    ) {
+        let t: Vec<String> = texts.iter().map(|s| escaped(s, mask)).collect();
+        let t1 = t.get(1).cloned().unwrap_or_default();
+        let choices = match shape {
+            0 => format!(r#"[{{"index":0,"delta":{{"content":"{}"}},"logprobs":null,"finish_reason":null}}]"#, t[0]),
+            1 => format!(r#"[{{"index":0,"message":{{"role":"assistant","content":"{}"}}}},{{"index":1,"text":"{t1}"}}]"#, t[0]),
+            2 => format!(r#"[{{"delta":{{"tool_calls":[{{"id":"x","function":{{"name":"n","arguments":"{}"}}}},{{"function":{{"arguments":"{t1}"}}}}]}}}}]"#, t[0]),
+            3 => format!(r#"[{{"text":"{}","logprobs":{{"tokens":["a"],"text_offset":[1]}}}}]"#, t[0]),
+            4 => "[]".to_owned(),
+            _ => format!(r#"[{{"delta":{{}},"finish_reason":"stop"}}],"delta":"{}""#, t[0]),
+        };
+        let choices = if empty && shape != 5 { "[]".to_owned() } else { choices };
+        let usage = match usage {
+            Some((p, c)) => format!(r#"{{"prompt_tokens":{p},"completion_tokens":{c},"total_tokens":{}}}"#, p + c),
+            None => "null".to_owned(),
+        };
+        let doc = format!(r#"{{"id":"chatcmpl-{}","object":"chat.completion.chunk","choices":{choices},"usage":{usage}}}"#, t1);
+        let (mut a, mut b) = (Tally::new(1 << 20), Tally::new(1 << 20));
+        let seen: Seen = a.observe(doc.as_bytes());
+        let parsed = b.observe_doc(doc.as_bytes());
+        prop_assert_eq!(seen, parsed);
+        prop_assert_eq!(a.text, b.text);
+        prop_assert_eq!(a.usage, b.usage);
+    }
+}
