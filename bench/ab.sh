@@ -21,35 +21,10 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 ROUNDS="${ROUNDS:-2}" DURATION="${DURATION:-5s}"
 LUA="$ROOT/bench/chat.lua"
-WORK="$(mktemp -d -t fairgate-ab.XXXXXX)"
-chmod 755 "$WORK"
-PIDS=()
-cleanup() {
-    local p
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-    for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
+BENCH_NAME=ab
+# shellcheck source=bench/lib.sh
+. "$ROOT/bench/lib.sh"
 
-port() { echo $((20000 + RANDOM % 12000)); }
-wait_port() {
-    local i
-    for i in $(seq 1 100); do
-        (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
-        sleep 0.1
-    done
-    echo "nothing listens on $1" >&2
-    return 1
-}
-# CPU ticks of pid $1 and its children (nginx's workers).
-cpu_ticks() {
-    local p t=0
-    for p in "$1" $(pgrep -P "$1" || true); do
-        t=$((t + $(awk '{ print $14 + $15 }' "/proc/$p/stat" 2>/dev/null || echo 0)))
-    done
-    echo "$t"
-}
 # wrk against port $1 while measuring the CPU of pid $2; prints "rps p99 cpu_us".
 measure() {
     local url="http://127.0.0.1:$1/v1/chat/completions" c0 c1 out req
@@ -63,46 +38,32 @@ measure() {
         $(((c1 - c0) * 1000000 / $(getconf CLK_TCK) / req))
 }
 
-MOCK=$(port)
+MOCK=$(free_port)
 "${1%%:*}" mock-upstream --listen "127.0.0.1:$MOCK" >"$WORK/mock.log" 2>&1 &
 PIDS+=($!)
-wait_port "$MOCK"
-NGINX=$(port)
-sed -e "s#__USER__#$([ "$(id -u)" -eq 0 ] && echo 'user root;')#" -e "s#__WORK__#$WORK#g" \
-    -e "s#__NGINX_PORT__#$NGINX#" -e "s#__MOCK_PORT__#$MOCK#" \
-    "$ROOT/bench/nginx.conf.tmpl" >"$WORK/nginx.conf"
-PORT=$(port)
-{
-    printf '[scheduler]\npolicy = "drr"\nquantum = 4096\n\n'
-    printf '[[upstreams]]\nname = "mock"\nbase_url = "http://127.0.0.1:%s/v1"\n' "$MOCK"
-    printf 'max_concurrency = 1024\nmodels = ["*"]\n'
-    for i in $(seq 0 15); do
-        printf '\n[[tenants]]\nid = "bench-%s"\napi_keys = ["fg-bench-%s"]\n' "$i" "$i"
-    done
-} >"$WORK/fairgate-rest.toml"
+wait_port "$MOCK" "mock upstream"
+NGINX=$(free_port)
+render_nginx "$ROOT/bench/nginx.conf.tmpl" "$WORK/nginx.conf" "$NGINX" "$MOCK"
+PORT=$(free_port)
 
 echo "| round | server | rps | p99 ms | CPU µs / request |"
 echo "|---|---|---:|---:|---:|"
 for round in $(seq 1 "$ROUNDS"); do
-    "$(command -v nginx || echo /usr/sbin/nginx)" -p "$WORK" -c "$WORK/nginx.conf" >/dev/null 2>&1 &
-    pid=$!
-    wait_port "$NGINX"
+    start_nginx_conf "$WORK/nginx.conf" nginx "$NGINX"
+    pid=${PIDS[-1]}
     read -r rps p99 cpu < <(measure "$NGINX" "$pid")
     echo "| $round | nginx | $rps | $p99 | $cpu |"
-    kill "$pid"; wait "$pid" 2>/dev/null || true
+    stop_pid "$pid"
     for arg in "$@"; do
         bin="${arg%%:*}"
-        {
-            printf '[server]\nlisten = "127.0.0.1:%s"\n' "$PORT"
-            [ "$bin" = "$arg" ] || printf 'workers = %s\n' "${arg##*:}"
-            printf '\n'
-            cat "$WORK/fairgate-rest.toml"
-        } >"$WORK/fairgate.toml"
+        fairgate_config "$PORT" "http://127.0.0.1:$MOCK/v1" >"$WORK/fairgate.toml"
+        [ "$bin" = "$arg" ] || sed -i "2a workers = ${arg##*:}" "$WORK/fairgate.toml"
         "$bin" serve --config "$WORK/fairgate.toml" >"$WORK/fairgate.log" 2>&1 &
+        PIDS+=($!)
         pid=$!
-        wait_port "$PORT"
+        wait_port "$PORT" "$arg"
         read -r rps p99 cpu < <(measure "$PORT" "$pid")
         echo "| $round | $arg | $rps | $p99 | $cpu |"
-        kill "$pid"; wait "$pid" 2>/dev/null || true
+        stop_pid "$pid"
     done
 done

@@ -43,74 +43,11 @@ BIN="${FAIRGATE_BIN:-$ROOT/target/profiling/fairgate}"
 CEILING_BIN="${CEILING_BIN:-$ROOT/target/profiling/examples/ceiling}"
 LUA="$ROOT/bench/chat.lua"
 
-WORK="$(mktemp -d -t fairgate-bench.XXXXXX)"
-chmod 755 "$WORK"
-PIDS=()
+BENCH_NAME=overhead
+# shellcheck source=bench/lib.sh
+. "$ROOT/bench/lib.sh"
 
-cleanup() {
-    local pid
-    for pid in "${PIDS[@]}"; do
-        kill "$pid" 2>/dev/null || true
-    done
-    for pid in "${PIDS[@]}"; do
-        wait "$pid" 2>/dev/null || true
-    done
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-log() { echo "[overhead] $*" >&2; }
 want() { [[ ",$TARGETS," == *",$1,"* ]]; }
-
-need_tools() {
-    local missing=()
-    command -v wrk >/dev/null || missing+=(wrk)
-    if want cluster && ! command -v redis-server >/dev/null; then
-        missing+=(redis-server)
-    fi
-    if want nginx && ! command -v nginx >/dev/null && [ ! -x /usr/sbin/nginx ]; then
-        missing+=(nginx)
-    fi
-    [ ${#missing[@]} -eq 0 ] && return
-    log "installing ${missing[*]}"
-    if [ "$(id -u)" -ne 0 ]; then
-        log "need root to apt-get install ${missing[*]}"
-        exit 1
-    fi
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
-}
-
-# A loopback port nothing listens on (bounded tries).
-free_port() {
-    local port tries
-    for tries in $(seq 1 200); do
-        # Below the ephemeral range (32768+), so a client socket of an earlier run cannot hold it.
-        port=$((20000 + RANDOM % 12000))
-        if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-            echo "$port"
-            return
-        fi
-    done
-    log "no free port found"
-    exit 1
-}
-
-# Waits (at most 15 s) until something accepts connections on the port; fails fast if the
-# process that should listen (the last one started) has exited.
-wait_port() {
-    local port=$1 name=$2 pid=${PIDS[-1]} i
-    for i in $(seq 1 150); do
-        if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-            return 0
-        fi
-        kill -0 "$pid" 2>/dev/null || break
-        sleep 0.1
-    done
-    log "$name did not start listening on 127.0.0.1:$port (logs in $WORK)"
-    return 1
-}
 
 start_mock() {
     MOCK_PORT="$(free_port)"
@@ -121,29 +58,13 @@ start_mock() {
 
 start_nginx() {
     NGINX_PORT="$(free_port)"
-    local user=""
-    [ "$(id -u)" -eq 0 ] && user="user root;"
-    sed -e "s|__USER__|$user|" -e "s|__WORK__|$WORK|g" \
-        -e "s|__NGINX_PORT__|$NGINX_PORT|" -e "s|__MOCK_PORT__|$MOCK_PORT|" \
-        "$ROOT/bench/nginx.conf.tmpl" >"$WORK/nginx.conf"
-    local nginx
-    nginx="$(command -v nginx || echo /usr/sbin/nginx)"
-    "$nginx" -p "$WORK" -c "$WORK/nginx.conf" >"$WORK/nginx.log" 2>&1 &
-    PIDS+=($!)
-    wait_port "$NGINX_PORT" nginx
+    render_nginx "$ROOT/bench/nginx.conf.tmpl" "$WORK/nginx.conf" "$NGINX_PORT" "$MOCK_PORT"
+    start_nginx_conf "$WORK/nginx.conf" nginx "$NGINX_PORT"
 }
 
 # The single-process config (the cluster replicas reuse all but its [server] block).
 write_fairgate_config() {
-    {
-        printf '[server]\nlisten = "127.0.0.1:%s"\n\n' "$1"
-        printf '[scheduler]\npolicy = "drr"\nquantum = 4096\n\n'
-        printf '[[upstreams]]\nname = "mock"\nbase_url = "http://127.0.0.1:%s/v1"\n' "$MOCK_PORT"
-        printf 'max_concurrency = 1024\nmodels = ["*"]\n'
-        for i in $(seq 0 15); do
-            printf '\n[[tenants]]\nid = "bench-%s"\napi_keys = ["fg-bench-%s"]\n' "$i" "$i"
-        done
-    } >"$WORK/fairgate.toml"
+    fairgate_config "$1" "http://127.0.0.1:$MOCK_PORT/v1" >"$WORK/fairgate.toml"
 }
 
 start_fairgate() {
@@ -245,8 +166,6 @@ run_wrk() {
     grep '^FG_RESULT' "$WORK/wrk-$name.txt"
 }
 
-field() { sed -n "s/.* $2=\([^ ]*\).*/\1/p" <<<"$1"; }
-
 # "nginx rps | fairgate rps | rps ratio | nginx p99 | fairgate p99 | p99 ratio" of one round.
 ratio() {
     awk -v fr="$(field "$1" rps)" -v nr="$(field "$2" rps)" \
@@ -267,7 +186,10 @@ row() {
 }
 
 main() {
-    need_tools
+    local tools=(wrk)
+    want nginx && tools+=(nginx)
+    want cluster && tools+=(redis-server)
+    need_tools "${tools[@]}"
     if [ "${SKIP_BUILD:-0}" != "1" ]; then
         log "cargo build --profile profiling"
         (cd "$ROOT" && cargo build --profile profiling --locked)
