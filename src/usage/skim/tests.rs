@@ -54,6 +54,7 @@ fn reads_usage_by_preference_and_whether_choices_were_empty() {
         Some(Usage {
             prompt_tokens: Some(p),
             completion_tokens: Some(c),
+            ..Usage::default()
         })
     };
     let s = |j: &str| text_of(j).0.unwrap();
