@@ -1,4 +1,4 @@
-//! One lane's queue discipline: weighted DRR (`drr.rs`) or FIFO (`fifo.rs`), behind one enum so
+//! One lane's queue discipline: weighted DRR (`drr/`) or FIFO (`fifo.rs`), behind one enum so
 //! the pool can switch policy by config.
 //!
 //! Invariant: a discipline counts exactly the live tickets of its lane — the pool tells it of

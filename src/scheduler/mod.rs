@@ -17,7 +17,8 @@
 //! - Cost is evaluated when a request is dispatched (the `cost` callback), never frozen at enqueue.
 //! - Cancelling a queued request charges nothing; a completed request returns its slot once.
 //!
-//! The DRR rules (quantum, credit bound, debt, new-tenant latency) live in `drr.rs`.
+//! The DRR rules (quantum, cut-ins for tenants that are not backlogged, credit bound, debt) live
+//! in `drr/`.
 
 mod arena;
 mod drr;
