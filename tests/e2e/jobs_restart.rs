@@ -206,7 +206,9 @@ async fn a_replica_killed_mid_batch_has_its_lines_reclaimed_by_another() {
             .set("cluster.redis_url", redis.url())
             .set("cluster.replica_id", name)
             .set("jobs.max_inflight_per_tenant", INFLIGHT)
-            .set("jobs.lease_ms", 500);
+            // Long enough that a loaded machine renews in time (a late renewal lets the live
+            // replica reclaim and run its own lines twice); the kill still frees them in 2 s.
+            .set("jobs.lease_ms", 2000);
         std::fs::write(&path, conf.toml()).unwrap();
         path
     };
