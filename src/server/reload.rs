@@ -74,7 +74,7 @@ impl State {
             .collect();
         let mut upstreams = Vec::with_capacity(config.upstreams.len());
         for (i, u) in config.upstreams.iter().enumerate() {
-            let fresh = Upstream::from_config(u, i, super::workers::count(&config.server), env)?;
+            let fresh = Upstream::from_config(u, i, self.workers, env)?;
             // An unchanged upstream keeps its client (and pooled connections).
             let kept = old_index[i]
                 .filter(|&j| format!("{:?}", self.config.upstreams[j]) == format!("{u:?}"))
@@ -129,6 +129,7 @@ impl State {
             ready: self.ready.clone(),
             reloader: self.reloader.clone(),
             env: self.env.clone(),
+            workers: self.workers,
             cluster: self.cluster.clone(),
             jobs: self.jobs.clone(),
             runtime: self.runtime.clone(),

@@ -113,3 +113,24 @@ async fn restart_only_keys_stay_as_they_were() {
     assert_eq!(state.config.scheduler.policy, crate::config::Policy::Drr);
     assert_eq!(state.config.scheduler.quantum, 77);
 }
+
+/// Startup is a reload from empty: the first generation has every pool, tenant and client of
+/// the config, and reloading the same config from it keeps them all.
+#[tokio::test]
+async fn startup_is_a_reload_from_empty_and_a_same_config_reload_keeps_everything() {
+    let cfg = config(&[("u", 4), ("v", 2)], AB);
+    let first = State::new(cfg.clone()).unwrap();
+    assert_eq!(first.pools.len(), 2);
+    assert_eq!(first.upstreams.len(), 2);
+    assert_eq!(first.admission.capacity.len(), 2);
+    assert!(first.tenants.tenants().any(|t| t.id == TenantId::new("b")));
+    assert_eq!(weight(&first, 1, "a"), Some(1.0));
+    assert!(first.workers >= 1);
+    let (again, changes) = first.reloaded(cfg).unwrap();
+    assert!(changes.tenants_added.is_empty() && changes.upstreams_added.is_empty());
+    for i in 0..2 {
+        assert!(Arc::ptr_eq(&first.pools[i], &again.pools[i]));
+        assert!(Arc::ptr_eq(&first.upstreams[i], &again.upstreams[i]));
+    }
+    assert_eq!(again.workers, first.workers);
+}
