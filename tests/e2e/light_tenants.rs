@@ -96,22 +96,7 @@ async fn agent_gaps(policy: &str) -> Vec<usize> {
         t.await.unwrap();
     }
     let seen = mock.stats.seen_bodies();
-    let is_agent = |b: &serde_json::Value| b["messages"][0]["content"] == "agent";
-    let first = seen
-        .iter()
-        .position(is_agent)
-        .expect("the agent was served");
-    let mut gaps = Vec::new();
-    let mut since = 0;
-    for b in &seen[first + 1..] {
-        if is_agent(b) {
-            gaps.push(since);
-            since = 0;
-        } else {
-            since += 1;
-        }
-    }
-    gaps
+    gaps_between(&seen, "agent", &["flood"])
 }
 
 async fn queued_at_least(proxy: &ServerHandle, n: usize) -> bool {

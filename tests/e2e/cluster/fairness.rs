@@ -231,20 +231,7 @@ async fn a_sequential_agent_takes_its_replicas_next_free_slot() {
     // it takes its replica's next free slot (slack for a loaded machine); behind a round of the
     // flood it would be tens (a quantum of 20-token requests, less what other replicas charge).
     let seen = mock.stats.seen_bodies();
-    let is_agent = |b: &serde_json::Value| b["messages"][0]["content"] == "agent";
-    let first = seen
-        .iter()
-        .position(is_agent)
-        .expect("the agent was served");
-    let (mut gaps, mut since) = (Vec::new(), 0);
-    for b in &seen[first + 1..] {
-        if is_agent(b) {
-            gaps.push(since);
-            since = 0;
-        } else if b["messages"][0]["content"] == "flood-1" {
-            since += 1;
-        }
-    }
+    let mut gaps = gaps_between(&seen, "agent", &["flood-1"]);
     gaps.sort_unstable();
     eprintln!("replica 1's flood requests between the agent's: {gaps:?}");
     assert!(gaps.len() >= 10, "{gaps:?}");

@@ -295,3 +295,24 @@ pub fn custom_ids(records: &[serde_json::Value]) -> Vec<String> {
     ids.sort();
     ids
 }
+
+/// For each request the mock saw whose first message is `victim` (after the first), how many
+/// requests whose first message is one of `counted` it saw since the victim's previous one.
+pub fn gaps_between(seen: &[serde_json::Value], victim: &str, counted: &[&str]) -> Vec<usize> {
+    let content = |b: &serde_json::Value| b["messages"][0]["content"].as_str().map(str::to_owned);
+    let is_victim = |b: &serde_json::Value| content(b).as_deref() == Some(victim);
+    let first = seen
+        .iter()
+        .position(is_victim)
+        .expect("the victim was served");
+    let (mut gaps, mut since) = (Vec::new(), 0);
+    for b in &seen[first + 1..] {
+        if is_victim(b) {
+            gaps.push(since);
+            since = 0;
+        } else if content(b).is_some_and(|c| counted.contains(&c.as_str())) {
+            since += 1;
+        }
+    }
+    gaps
+}
