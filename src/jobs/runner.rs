@@ -9,9 +9,12 @@
 //! slot is released. The in-flight count per tenant is a guard released on drop.
 //!
 //! With the Redis store, each claim is a lease: the runner renews the leases of the jobs it
-//! runs every `lease_ms / 3` (a claim in the renewal set is removed by the same guard), and
-//! every tick it queues again jobs whose lease expired on any replica. An answer recorded after
-//! this replica's lease was lost is discarded by the store (`fairgate_jobs_late_total`).
+//! runs every `lease_ms / 3` (a claim in the renewal set is removed by the same guard, only
+//! under its own token), and every tick it queues again jobs whose lease expired, renewing its
+//! own in the same script first: a replica that stalled past its leases (a loaded host) does
+//! not reclaim and send again lines it still runs; only another replica takes them, once
+//! expired. An answer recorded after this replica's claim was reclaimed is discarded by the
+//! store (`fairgate_jobs_late_total`).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -58,16 +61,20 @@ struct Slot {
     inflight: Inflight,
     held: Held,
     id: String,
+    token: u64,
     tenant: String,
     jobs: Jobs,
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.held
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&self.id);
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        // Only this claim's entry: a job queued again (a passing refusal) may already be
+        // claimed anew by this runner under another token, which must go on being renewed.
+        if held.get(&self.id) == Some(&self.token) {
+            held.remove(&self.id);
+        }
+        drop(held);
         let mut m = self.inflight.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(n) = m.get_mut(&self.tenant) {
             *n = n.saturating_sub(1);
@@ -111,7 +118,7 @@ pub async fn run(jobs: Jobs, dispatch: Dispatch, mut stop: tokio::sync::watch::R
             }
         }
         if shared {
-            match jobs.store().reclaim().await {
+            match jobs.store().reclaim(&claims(&held)).await {
                 Ok(0) => {}
                 Ok(n) => tracing::warn!(jobs = n, "jobs: leases expired, queued again"),
                 Err(e) => tracing::warn!(error = %e, "jobs: cannot reclaim expired leases"),
@@ -153,6 +160,15 @@ async fn housekeeping(jobs: &Jobs) {
     }
 }
 
+/// The `(id, token)` claims this runner holds now.
+fn claims(held: &Held) -> Vec<(String, u64)> {
+    held.lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .map(|(id, token)| (id.clone(), *token))
+        .collect()
+}
+
 /// Renews the leases of the claims this runner holds, every `lease_ms / 3`, until `stop`.
 async fn renew(jobs: Jobs, held: Held, mut stop: tokio::sync::watch::Receiver<bool>) {
     let every = Duration::from_millis((jobs.config().lease_ms / 3).max(10));
@@ -164,13 +180,7 @@ async fn renew(jobs: Jobs, held: Held, mut stop: tokio::sync::watch::Receiver<bo
         if *stop.borrow() {
             return;
         }
-        let claims: Vec<(String, u64)> = held
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .map(|(id, token)| (id.clone(), *token))
-            .collect();
-        match jobs.store().renew(&claims).await {
+        match jobs.store().renew(&claims(&held)).await {
             Ok(0) => {}
             Ok(lost) => tracing::warn!(lost, "jobs: leases lost before renewal (reclaimed)"),
             Err(e) => tracing::warn!(error = %e, "jobs: cannot renew leases"),
@@ -207,6 +217,7 @@ async fn feed(
                 inflight: inflight.clone(),
                 held: held.clone(),
                 id: job.id.clone(),
+                token: job.token,
                 tenant: tenant.clone(),
                 jobs: jobs.clone(),
             };

@@ -50,6 +50,11 @@ fn spawn(path: &std::path::Path) -> (Proc, std::net::SocketAddr) {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            // The runner's lease warnings (leases expired, lost, late answers) say why a
+            // count is off when the test fails.
+            if line.contains("jobs:") {
+                eprintln!("{line}");
+            }
             let _ = tx.send(line);
         }
     });
@@ -206,9 +211,10 @@ async fn a_replica_killed_mid_batch_has_its_lines_reclaimed_by_another() {
             .set("cluster.redis_url", redis.url())
             .set("cluster.replica_id", name)
             .set("jobs.max_inflight_per_tenant", INFLIGHT)
-            // Long enough that a loaded machine renews in time (a late renewal lets the live
-            // replica reclaim and run its own lines twice); the kill still frees them in 2 s.
-            .set("jobs.lease_ms", 2000);
+            // Short, so the kill frees A's lines soon. A loaded machine that stalls B past
+            // its leases does not make B send its own lines twice: a replica's reclaim renews
+            // its own claims first (`jobs::store::redis::scripts::RECLAIM`).
+            .set("jobs.lease_ms", 500);
         std::fs::write(&path, conf.toml()).unwrap();
         path
     };

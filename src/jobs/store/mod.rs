@@ -260,8 +260,8 @@ impl Store {
         dispatch!(self, |s| s.claim(&t, n), |r| r.claim(tenant, n))
     }
 
-    /// Extends the leases of the running `(id, token)` claims; how many were no longer held
-    /// (SQLite: claims hold until the process ends, 0).
+    /// Extends the leases of the running `(id, token)` claims; how many were lost to a
+    /// reclaim (finished ones are not counted; SQLite: claims hold until the process ends, 0).
     pub async fn renew(&self, claims: &[(String, u64)]) -> Result<usize> {
         match self {
             Store::Sqlite(_) => Ok(0),
@@ -269,12 +269,13 @@ impl Store {
         }
     }
 
-    /// Queues again the jobs whose lease expired (their replica died or stalled); how many
-    /// (SQLite: done once at open, 0).
-    pub async fn reclaim(&self) -> Result<usize> {
+    /// Queues again the jobs whose lease expired (their replica died or stalled), after
+    /// renewing the caller's `own` running claims in the same step (a replica never reclaims
+    /// what it still runs); how many (SQLite: done once at open, 0).
+    pub async fn reclaim(&self, own: &[(String, u64)]) -> Result<usize> {
         match self {
             Store::Sqlite(_) => Ok(0),
-            Store::Redis(r) => r.reclaim().await,
+            Store::Redis(r) => r.reclaim(own).await,
         }
     }
 

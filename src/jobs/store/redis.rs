@@ -3,11 +3,12 @@
 //!
 //! A claim moves a job from its tenant's queue to the running set with a fresh fencing token
 //! (a counter) and a lease expiring at Redis time + `[jobs] lease_ms`; the claiming runner
-//! renews its leases every `lease_ms / 3`; any replica's runner queues again the jobs whose
-//! lease expired (their replica died, stalled, or lost Redis). An answer is recorded only
-//! while the job is running under the token it was claimed with and that claim's lease has
-//! not expired: a late completion from a replica whose lease expired is discarded (and
-//! counted, `fairgate_jobs_late_total`), never recorded twice.
+//! renews its leases every `lease_ms / 3`, and again in the same script that reclaims, so a
+//! replica never reclaims its own running lines; any replica's runner queues again the jobs
+//! whose lease expired on another (it died, stalled past the lease, or lost Redis). An answer
+//! is recorded only while the job is running under the token it was claimed with: a late
+//! completion of a claim that was reclaimed is discarded (and counted,
+//! `fairgate_jobs_late_total`), never recorded twice.
 //!
 //! Invariants: every multi-key update is one Lua script ([`scripts`]), using Redis `TIME` for
 //! leases (never a replica's clock); the per-tenant counters behind
@@ -242,8 +243,12 @@ impl RedisStore {
         Ok(uint(&self.call(&scripts::RENEW, &args).await?) as usize)
     }
 
-    pub(super) async fn reclaim(&self) -> Result<usize> {
-        let v = self.call(&scripts::RECLAIM, &[a(RECLAIM_BATCH)]).await?;
+    pub(super) async fn reclaim(&self, own: &[(String, u64)]) -> Result<usize> {
+        let mut args = vec![a(RECLAIM_BATCH), a(self.lease_ms)];
+        for (id, token) in own {
+            args.extend([a(id), a(token)]);
+        }
+        let v = self.call(&scripts::RECLAIM, &args).await?;
         Ok(uint(&v) as usize)
     }
 

@@ -167,7 +167,9 @@ return out
     )
 });
 
-/// ARGV: lease_ms, then id, token pairs → claims no longer held (not renewed).
+/// ARGV: lease_ms, then id, token pairs → claims lost (the job is queued again, or running
+/// under another claim). A job that finished meanwhile (most often: this very claim, between
+/// the runner's snapshot of its claims and this script) is not renewed and not counted.
 pub static RENEW: LazyLock<Script> = LazyLock::new(|| {
     script(
         r"
@@ -177,7 +179,7 @@ for i = 2, #ARGV, 2 do
   local h = redis.call('HMGET', K..':j:'..ARGV[i], 'state', 'token')
   if h[1] == 'running' and h[2] == ARGV[i + 1] then
     redis.call('ZADD', K..':run', 'XX', exp, ARGV[i])
-  else
+  elseif h[1] == 'queued' or h[1] == 'running' then
     lost = lost + 1
   end
 end
@@ -186,12 +188,23 @@ return lost
     )
 });
 
-/// ARGV: max → jobs whose lease expired (Redis time), queued again (token dropped, attempt
-/// bumped): at most `max` a call.
+/// ARGV: max, lease_ms, then the caller's own `id, token` claims → jobs whose lease expired
+/// (Redis time), queued again (token dropped, attempt bumped): at most `max` a call. The
+/// caller's own claims still running under their tokens are renewed first, in the same script:
+/// a replica that stalled past its leases never reclaims (and sends again) lines it is still
+/// running itself; only another replica can, once they expired.
 pub static RECLAIM: LazyLock<Script> = LazyLock::new(|| {
     script(
         r"
-local ids = redis.call('ZRANGEBYSCORE', K..':run', '-inf', nowms(), 'LIMIT', 0,
+local now = nowms()
+local exp = now + tonumber(ARGV[2])
+for i = 3, #ARGV, 2 do
+  local h = redis.call('HMGET', K..':j:'..ARGV[i], 'state', 'token')
+  if h[1] == 'running' and h[2] == ARGV[i + 1] then
+    redis.call('ZADD', K..':run', 'XX', exp, ARGV[i])
+  end
+end
+local ids = redis.call('ZRANGEBYSCORE', K..':run', '-inf', now, 'LIMIT', 0,
   tonumber(ARGV[1]))
 local n = 0
 for _, id in ipairs(ids) do
@@ -230,8 +243,10 @@ return 1
 });
 
 /// ARGV: id, token, status, state, resp_type, body, now → 1 recorded, 0 discarded: the job is
-/// not running under `token` (it was reclaimed and claimed again, or it already finished), or
-/// its lease expired (Redis time) even if no replica reclaimed it yet.
+/// not running under `token` (it was reclaimed, and perhaps claimed again, or it already
+/// finished). A lease that ran out but was not reclaimed yet still records: no other claim
+/// exists (a reclaim drops the token), and discarding the answer would only send the line
+/// again.
 pub static FINISH: LazyLock<Script> = LazyLock::new(|| {
     script(
         r"
@@ -239,8 +254,6 @@ local id = ARGV[1]
 local j = K..':j:'..id
 local h = redis.call('HMGET', j, 'state', 'token', 'tenant', 'batch')
 if h[1] ~= 'running' or h[2] ~= ARGV[2] then return 0 end
-local lease = redis.call('ZSCORE', K..':run', id)
-if not lease or tonumber(lease) <= nowms() then return 0 end
 redis.call('ZREM', K..':run', id)
 redis.call('HSET', j, 'state', ARGV[4], 'status', ARGV[3], 'resp_type', ARGV[5],
   'response', ARGV[6], 'finished', ARGV[7])

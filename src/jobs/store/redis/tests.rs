@@ -99,7 +99,7 @@ fn job(id: &str, batch: Option<(&str, u32)>) -> NewJob {
 }
 
 #[tokio::test]
-async fn a_late_completion_under_an_expired_lease_is_not_recorded() {
+async fn a_late_completion_of_a_reclaimed_claim_is_not_recorded() {
     let Some(srv) = server() else { return };
     // Lease 0: every claim is expired the moment it is made (no waiting on a clock).
     let mut s = store(&srv, 0).await;
@@ -107,14 +107,14 @@ async fn a_late_completion_under_an_expired_lease_is_not_recorded() {
     let first = s.claim("a", 5).await.unwrap();
     assert_eq!(first.len(), 1);
     let t1 = first[0].token;
-    assert!(
-        !s.finish("j1", t1, 200, None, b"late").await.unwrap(),
-        "a lease that expired refuses the answer, reclaimed or not"
-    );
     assert_eq!(
-        s.reclaim().await.unwrap(),
+        s.reclaim(&[]).await.unwrap(),
         1,
         "the expired lease is reclaimed"
+    );
+    assert!(
+        !s.finish("j1", t1, 200, None, b"late").await.unwrap(),
+        "a reclaimed claim's answer is refused"
     );
     assert_eq!(
         s.renew(&[("j1".into(), t1)]).await.unwrap(),
@@ -126,10 +126,10 @@ async fn a_late_completion_under_an_expired_lease_is_not_recorded() {
     assert_eq!(second.len(), 1);
     let t2 = second[0].token;
     assert_ne!(t1, t2, "a fresh fencing token per claim");
-    assert_eq!(s.reclaim().await.unwrap(), 0, "t2's lease holds");
+    assert_eq!(s.reclaim(&[]).await.unwrap(), 0, "t2's lease holds");
     assert!(
         !s.finish("j1", t1, 200, None, b"late").await.unwrap(),
-        "the completion under the expired lease is discarded"
+        "the completion under the reclaimed claim is discarded"
     );
     assert_eq!(s.job("a", "j1").await.unwrap().unwrap().state, "running");
     assert!(s.finish("j1", t2, 200, None, b"ok").await.unwrap());
@@ -137,12 +137,52 @@ async fn a_late_completion_under_an_expired_lease_is_not_recorded() {
         !s.finish("j1", t2, 200, None, b"again").await.unwrap(),
         "recorded once"
     );
+    assert_eq!(
+        s.renew(&[("j1".into(), t2)]).await.unwrap(),
+        0,
+        "a claim that finished is not counted as lost"
+    );
     let j = s.job("a", "j1").await.unwrap().unwrap();
     assert_eq!((j.state.as_str(), j.status), ("completed", Some(200)));
     assert_eq!(j.response.as_deref(), Some(&b"ok"[..]));
     assert_eq!(s.usage("a").await.unwrap(), (0, 4), "body + one answer");
     let states = s.states().await.unwrap();
     assert_eq!(states, [("a".into(), "completed".into(), 1)]);
+}
+
+#[tokio::test]
+async fn a_replica_that_stalled_past_its_leases_does_not_reclaim_its_own_lines() {
+    let Some(srv) = server() else { return };
+    let s = store(&srv, 50).await;
+    s.insert("a", &[job("j1", None), job("j2", None)], None)
+        .await
+        .unwrap();
+    let claims = s.claim("a", 5).await.unwrap();
+    assert_eq!(claims.len(), 2);
+    let own: Vec<(String, u64)> = claims.iter().map(|c| (c.id.clone(), c.token)).collect();
+    // The stall: both leases run out before any renewal.
+    tokio::time::sleep(std::time::Duration::from_millis(120)).await;
+    assert_eq!(
+        s.reclaim(&own).await.unwrap(),
+        0,
+        "the replica's own running claims are renewed, not reclaimed (they would be sent twice)"
+    );
+    assert!(
+        s.finish("j1", own[0].1, 200, None, b"ok").await.unwrap(),
+        "its answer records"
+    );
+    // Expired and not reclaimed yet: no other claim exists, so the answer still records.
+    tokio::time::sleep(std::time::Duration::from_millis(120)).await;
+    assert!(
+        s.finish("j2", own[1].1, 200, None, b"ok").await.unwrap(),
+        "an expired claim nobody reclaimed still records (discarding it would send it again)"
+    );
+    // Another replica (no own claims) takes what expired on a replica that is gone.
+    s.insert("a", &[job("j3", None)], None).await.unwrap();
+    let c = s.claim("a", 5).await.unwrap();
+    assert_eq!(c.len(), 1);
+    tokio::time::sleep(std::time::Duration::from_millis(120)).await;
+    assert_eq!(s.reclaim(&own).await.unwrap(), 1, "j3 was not among own");
 }
 
 #[tokio::test]
