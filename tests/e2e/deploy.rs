@@ -2,16 +2,17 @@
 //! strictly against the Kubernetes schemas (and the ServiceMonitor against its CRD's) and every
 //! config it ships passes `fairgate check` (`tests/k8s/validate.py`, which needs
 //! `pip install kubernetes-validate`: without it this test fails, unless `FAIRGATE_SKIP_DEPLOY=1`);
-//! the sidecar's config is safe by default; the Grafana dashboard is valid JSON that queries the
-//! metric families of the contract; the cluster example (three replicas + Redis) and the
-//! README's quickstart mount configs that validate; `fairgate health` answers for a running
-//! server.
+//! the Helm chart lints strictly and renders manifests that pass the same checks
+//! (`tests/k8s/helm.py`, `pip install helm-python-sdk`); the sidecar's config is safe by default;
+//! the Grafana dashboard is valid JSON that queries the metric families of the contract; the
+//! cluster example (three replicas + Redis), the README's quickstart and docs/endpoints.md's
+//! examples are configs that validate; `fairgate health` answers for a running server.
 
 use std::process::Command;
 
 use fairgate::config::Config;
 
-use crate::support::needs::{HADOLINT, KUBERNETES_VALIDATE};
+use crate::support::needs::{HADOLINT, HELM, KUBERNETES_VALIDATE};
 
 /// The `config.toml: |` block of a manifest, unindented.
 fn configmap_toml(yaml: &str) -> String {
@@ -54,6 +55,32 @@ fn kubernetes_manifests_validate_and_their_configs_pass_check() {
         .and_then(|n| n.parse().ok())
         .unwrap_or(0);
     assert!(checked >= 15, "every manifest was read: {summary}");
+}
+
+#[test]
+fn helm_chart_lints_and_renders_manifests_that_validate() {
+    let out = Command::new("python3")
+        .args(["tests/k8s/helm.py", "--fairgate"])
+        .arg(env!("CARGO_BIN_EXE_fairgate"))
+        .arg("deploy/helm/fairgate")
+        .output();
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    let out = match out {
+        Ok(out) if out.status.code() != Some(2) => out,
+        Ok(out) => return HELM.missing_because(&text(&out.stderr)),
+        Err(e) => return HELM.missing_because(&format!("python3: {e}")),
+    };
+    assert!(
+        out.status.success(),
+        "deploy/helm/fairgate does not lint, render or validate:\n{}{}",
+        text(&out.stderr),
+        text(&out.stdout)
+    );
+    let summary = text(&out.stdout);
+    assert!(
+        summary.contains("2 shapes rendered") && summary.contains(" 0 failed"),
+        "{summary}"
+    );
 }
 
 #[test]
@@ -110,16 +137,12 @@ fn readme_quickstart_config_validates() {
 }
 
 #[test]
-fn readme_endpoint_examples_validate() {
-    let readme = std::fs::read_to_string("README.md").unwrap();
-    let section = readme
-        .split("## Several endpoints and failover\n")
-        .nth(1)
-        .and_then(|rest| rest.split("\n## ").next())
-        .expect("the README has the section Several endpoints and failover");
-    let blocks: Vec<&str> = section
-        .split("```toml\n")
+fn endpoint_examples_in_the_docs_validate() {
+    let doc = std::fs::read_to_string("docs/endpoints.md").unwrap();
+    let blocks: Vec<&str> = doc
+        .split("\n## Example")
         .skip(1)
+        .filter_map(|section| section.split("```toml\n").nth(1))
         .filter_map(|rest| rest.split("```").next())
         .collect();
     assert_eq!(blocks.len(), 2, "an Azure OpenAI and a vLLM-fleet example");

@@ -38,6 +38,13 @@ pub const KUBERNETES_VALIDATE: Need = Need {
     skip_var: "FAIRGATE_SKIP_DEPLOY",
 };
 
+/// Helm's Go SDK for Python (the Helm chart's lint and render, `tests/k8s/helm.py`).
+pub const HELM: Need = Need {
+    what: "python3 with helm-python-sdk and kubernetes-validate",
+    install: "pip install helm-python-sdk kubernetes-validate",
+    skip_var: "FAIRGATE_SKIP_DEPLOY",
+};
+
 /// The Dockerfile linter (the deploy tests).
 pub const HADOLINT: Need = Need {
     what: "hadolint",
