@@ -8,7 +8,8 @@
 //!   capacity, learned limit and ejections hold across the replicas.
 //! - [`service`]: per-tenant weighted service in a shared hash; each replica charges a tenant's
 //!   DRR credit for what it received elsewhere (global fairness, with the bound stated there).
-//! - [`rate`]: per-tenant requests/tokens per minute as GCRA in Lua, corrected at reconcile.
+//! - [`rate`]: per-tenant requests/tokens per minute as GCRA in Lua, corrected at reconcile;
+//!   retuned in place by every generation (its file and API tenants).
 //! - [`link`]: the connection (tight timeouts) and degraded mode (`fairgate_cluster_degraded`).
 //! - [`replica`]: one live replica per `replica_id` (a duplicate is refused at startup).
 //! - The job store's Redis backend (`jobs::store::redis`) runs its scripts over the same
@@ -31,7 +32,6 @@ pub mod replica;
 pub mod scripts;
 pub mod service;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -39,7 +39,6 @@ use tokio::sync::watch;
 
 use crate::admission::Admission;
 use crate::config::{ClusterConfig, Config, ConfigError};
-use crate::domain::TenantId;
 use crate::queue::FairQueue;
 pub use lease::LeaseGate;
 pub use link::Link;
@@ -56,7 +55,6 @@ pub struct Cluster {
     store: Arc<RedisStore>,
     pools: Vec<(String, Arc<FairQueue>)>,
     config: ClusterConfig,
-    weights: HashMap<TenantId, crate::domain::Weight>,
     /// `fairgate_cluster_sync_unapplied_total`: sync batches Redis did not apply (see
     /// [`service`]).
     unapplied: metrics::Counter,
@@ -161,11 +159,6 @@ impl Cluster {
                 )
             })
             .collect();
-        let weights = config
-            .tenants
-            .iter()
-            .map(|t| (TenantId::new(t.id.as_str()), t.effective_weight(config)))
-            .collect();
         let pools = config
             .upstreams
             .iter()
@@ -178,7 +171,6 @@ impl Cluster {
             store,
             pools,
             config: cfg,
-            weights,
             unapplied,
         })
     }
@@ -208,7 +200,6 @@ impl Cluster {
             self.link.clone(),
             self.pools.clone(),
             Some(self.store.clone()),
-            self.weights.clone(),
             Duration::from_millis(self.config.sync_interval_ms),
             self.unapplied.clone(),
         );

@@ -18,11 +18,18 @@
 //!   (`x-fairgate-limit: tenant`, Retry-After 1 s) until Redis answers again.
 //!
 //! Tenants without limits never touch Redis here.
+//!
+//! The limits are every generation's tenants, the file's and the API's (`tenant::runtime`):
+//! the admission of each new generation hands them over ([`RateStore::with_limits`], here
+//! [`RedisStore::retune`], in place), so a tenant created, changed or deleted through
+//! `/admin/tenants` on any replica is limited cluster-wide as soon as that replica applies the
+//! change (at once where it was made, within `sync_interval_ms` plus a round trip elsewhere).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use futures_util::future::BoxFuture;
 
 use super::link::Link;
@@ -67,6 +74,45 @@ impl Gcra {
     }
 }
 
+impl Table {
+    /// The buckets of `limits`' limited tenants; the local allowance carried over from
+    /// `local` (its unchanged tenants' buckets) when given.
+    fn of(
+        link: &Link,
+        limits: &HashMap<TenantId, TenantLimits>,
+        replicas: u32,
+        local: Option<&dyn RateStore>,
+    ) -> Self {
+        let tenants = limits
+            .iter()
+            .filter_map(|(id, l)| {
+                let lim = Limits {
+                    tokens: Gcra::new(l.tokens_per_minute, l.burst, l.max_debt_minutes),
+                    requests: Gcra::new(l.requests_per_minute, l.burst, l.max_debt_minutes),
+                    tokens_key: link.key(&["rate", id.as_str(), "tokens"]),
+                    requests_key: link.key(&["rate", id.as_str(), "requests"]),
+                };
+                (lim.tokens.is_some() || lim.requests.is_some()).then(|| (id.clone(), lim))
+            })
+            .collect();
+        let soft: HashMap<TenantId, TenantLimits> = limits
+            .iter()
+            .map(|(id, l)| {
+                let soft = TenantLimits {
+                    requests_per_minute: l.requests_per_minute.map(|r| r.div_ceil(replicas)),
+                    tokens_per_minute: None,
+                    ..l.clone()
+                };
+                (id.clone(), soft)
+            })
+            .collect();
+        let local = local.and_then(|l| l.with_limits(&soft)).unwrap_or_else(|| {
+            Arc::new(MemoryStore::new(soft.iter().map(|(id, l)| (id.clone(), l))))
+        });
+        Self { tenants, local }
+    }
+}
+
 pub(super) struct Limits {
     pub tokens: Option<Gcra>,
     requests: Option<Gcra>,
@@ -74,12 +120,22 @@ pub(super) struct Limits {
     requests_key: String,
 }
 
+/// The limits in force: one generation's tenants (see [`RedisStore::retune`]).
+struct Table {
+    tenants: HashMap<TenantId, Limits>,
+    /// Degraded mode: the soft limits' local allowance.
+    local: Arc<dyn RateStore>,
+}
+
 /// The shared [`RateStore`]; see the module docs.
 pub struct RedisStore {
     link: Arc<Link>,
-    pub(super) tenants: HashMap<TenantId, Limits>,
-    /// Degraded mode: the soft limits' local allowance.
-    local: MemoryStore,
+    /// Every limited tenant's buckets, swapped whole by [`RedisStore::retune`] when a
+    /// generation's tenants change (a reload, or an API tenant made here or on another
+    /// replica): the sync task and admission read the same table.
+    table: ArcSwap<Table>,
+    /// Replicas the soft limits are divided by in degraded mode.
+    replicas: u32,
     pending: Mutex<HashMap<TenantId, i64>>,
     /// Ledger corrections recorded here (`adjust` calls with a non-zero delta), and how many of
     /// them a successful flush has applied in Redis: equal once everything is flushed.
@@ -98,7 +154,7 @@ pub struct RedisStore {
 impl std::fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisStore")
-            .field("tenants", &self.tenants.len())
+            .field("tenants", &self.table.load().tenants.len())
             .finish_non_exhaustive()
     }
 }
@@ -106,39 +162,17 @@ impl std::fmt::Debug for RedisStore {
 impl RedisStore {
     /// Buckets of every limited tenant of `config`.
     pub fn new(link: Arc<Link>, config: &Config, expected_replicas: u32) -> Self {
-        let limits: Vec<(TenantId, TenantLimits)> = config
+        let limits: HashMap<TenantId, TenantLimits> = config
             .tenants
             .iter()
             .map(|t| (TenantId::new(t.id.as_str()), t.effective_limits(config)))
             .collect();
-        let tenants = limits
-            .iter()
-            .filter_map(|(id, l)| {
-                let lim = Limits {
-                    tokens: Gcra::new(l.tokens_per_minute, l.burst, l.max_debt_minutes),
-                    requests: Gcra::new(l.requests_per_minute, l.burst, l.max_debt_minutes),
-                    tokens_key: link.key(&["rate", id.as_str(), "tokens"]),
-                    requests_key: link.key(&["rate", id.as_str(), "requests"]),
-                };
-                (lim.tokens.is_some() || lim.requests.is_some()).then(|| (id.clone(), lim))
-            })
-            .collect();
-        let n = expected_replicas.max(1);
-        let local: Vec<(TenantId, TenantLimits)> = limits
-            .into_iter()
-            .map(|(id, l)| {
-                let soft = TenantLimits {
-                    requests_per_minute: l.requests_per_minute.map(|r| r.div_ceil(n)),
-                    tokens_per_minute: None,
-                    ..l
-                };
-                (id, soft)
-            })
-            .collect();
+        let replicas = expected_replicas.max(1);
+        let table = Table::of(&link, &limits, replicas, None);
         Self {
-            local: MemoryStore::new(local.iter().map(|(id, l)| (id.clone(), l))),
+            table: ArcSwap::from_pointee(table),
+            replicas,
             link,
-            tenants,
             pending: Mutex::default(),
             last: Mutex::default(),
             corrections: Default::default(),
@@ -146,6 +180,30 @@ impl RedisStore {
             admissions: Default::default(),
             nonce: rand::random(),
         }
+    }
+
+    /// Takes `limits` (every tenant of a new generation) in place: a tenant's shared buckets
+    /// are its Redis keys (named by its id), so an unchanged tenant keeps its level, a changed
+    /// one is admitted at its new rate against the same level, a new one (an API tenant made
+    /// on any replica) is limited cluster-wide from its first request, a removed one is no
+    /// longer limited here. The local allowance of degraded mode keeps unchanged tenants'
+    /// buckets. In place, not a new store: the sync task flushes this store's corrections.
+    pub fn retune(&self, limits: &HashMap<TenantId, TenantLimits>) {
+        let old = self.table.load_full();
+        let table = Table::of(&self.link, limits, self.replicas, Some(&*old.local));
+        {
+            let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+            last.retain(|t, _| table.tenants.contains_key(t));
+        }
+        self.table.store(Arc::new(table));
+    }
+
+    /// The all-tokens bucket of `tenant` and its Redis key, if it has one (the sync task's
+    /// corrections).
+    pub(super) fn token_bucket(&self, tenant: &TenantId) -> Option<(String, Gcra)> {
+        let table = self.table.load();
+        let l = table.tenants.get(tenant)?;
+        Some((l.tokens_key.clone(), l.tokens?))
     }
 
     /// Pending ledger corrections, taken for a flush, and how many corrections they merge.
@@ -173,7 +231,8 @@ impl RedisStore {
 
     /// Degraded admission: soft limits locally, hard token budgets closed.
     fn admit_degraded(&self, tenant: &TenantId, cost: Charge) -> Result<RateState, Refusal> {
-        let Some(l) = self.tenants.get(tenant) else {
+        let table = self.table.load();
+        let Some(l) = table.tenants.get(tenant) else {
             return Ok(RateState::default());
         };
         if let Some(t) = l.tokens {
@@ -186,13 +245,13 @@ impl RedisStore {
                 }),
             });
         }
-        self.local.admit(tenant, cost)
+        table.local.admit(tenant, cost)
     }
 }
 
 impl RateStore for RedisStore {
     fn limited(&self, tenant: &TenantId) -> bool {
-        self.tenants.contains_key(tenant)
+        self.table.load().tenants.contains_key(tenant)
     }
 
     fn state(&self, tenant: &TenantId) -> RateState {
@@ -212,7 +271,8 @@ impl RateStore for RedisStore {
     ) -> BoxFuture<'a, Result<RateState, Refusal>> {
         let cost = charge.total();
         Box::pin(async move {
-            let Some(l) = self.tenants.get(tenant) else {
+            let table = self.table.load_full();
+            let Some(l) = table.tenants.get(tenant) else {
                 return Ok(RateState::default());
             };
             let (tt, tb) = l.tokens.map_or((0.0, 0), |g| (g.t_us, g.size));
@@ -273,10 +333,12 @@ impl RateStore for RedisStore {
         // Only the all-tokens budget is shared (input/output budgets are refused with
         // `[cluster]` by config validation).
         let delta = input.saturating_add(output);
-        let Some(l) = self.tenants.get(tenant) else {
-            return;
-        };
-        if l.tokens.is_none() || delta == 0 {
+        let table = self.table.load();
+        let shared = table
+            .tenants
+            .get(tenant)
+            .is_some_and(|l| l.tokens.is_some());
+        if delta == 0 || !shared {
             return;
         }
         let mut p = self.pending.lock().unwrap_or_else(|p| p.into_inner());
@@ -284,5 +346,83 @@ impl RateStore for RedisStore {
         *e = e.saturating_add(delta);
         // Counted under the lock, so `take_pending` sees the count and the delta together.
         self.corrections[0].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn with_limits(&self, limits: &HashMap<TenantId, TenantLimits>) -> Option<Arc<dyn RateStore>> {
+        // Shared with the sync task: retuned in place, kept by the caller.
+        self.retune(limits);
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(rpm: Option<u32>, tpm: Option<u32>) -> TenantLimits {
+        TenantLimits {
+            requests_per_minute: rpm,
+            tokens_per_minute: tpm,
+            burst: 1.0,
+            max_debt_minutes: 10,
+            ..TenantLimits::default()
+        }
+    }
+
+    /// A store on a Redis that is never dialled (`admit` answers as degraded mode does).
+    fn store(replicas: u32) -> RedisStore {
+        let config = Config::from_toml_str(
+            "[[upstreams]]\nname = \"u\"\nbase_url = \"http://h/v1\"\n\
+             [[tenants]]\nid = \"file\"\napi_keys = [\"k\"]\nrequests_per_minute = 10\n\
+             [cluster]\nredis_url = \"redis://127.0.0.1:1\"\n",
+        )
+        .unwrap();
+        let cfg = config.cluster.clone().unwrap();
+        let link = Link::new(
+            &cfg,
+            &Default::default(),
+            "r0".into(),
+            metrics::Gauge::noop(),
+        );
+        RedisStore::new(Arc::new(link.unwrap()), &config, replicas)
+    }
+
+    /// A tenant a new generation adds (an API tenant) is limited through the shared buckets
+    /// named by its id; a removed one is no longer limited; an unchanged tenant keeps its local
+    /// (degraded-mode) allowance across the retune.
+    #[tokio::test]
+    async fn a_new_generations_tenants_are_taken_in_place() {
+        let s = store(2);
+        let (file, api) = (TenantId::new("file"), TenantId::new("api"));
+        assert!(s.limited(&file) && !s.limited(&api));
+        let one = Charge {
+            input: 1,
+            output: 0,
+        };
+        // The file tenant's soft allowance here: 10 a minute over 2 replicas.
+        for _ in 0..3 {
+            s.admit(&file, one).unwrap();
+        }
+        let both = HashMap::from([
+            (file.clone(), limits(Some(10), None)),
+            (api.clone(), limits(None, Some(6000))),
+        ]);
+        s.retune(&both);
+        assert!(s.limited(&api));
+        let (key, g) = s.token_bucket(&api).unwrap();
+        assert!(key.ends_with(":rate:api:tokens"), "{key}");
+        assert_eq!(g.size, 6000);
+        // Its token budget is shared: without Redis it fails closed, as a file tenant's does.
+        assert!(matches!(s.admit(&api, one), Err(Refusal::Tokens { .. })));
+        // The file tenant kept its local bucket: 2 of 5 left.
+        s.admit(&file, one).unwrap();
+        s.admit(&file, one).unwrap();
+        assert!(matches!(s.admit(&file, one), Err(Refusal::Requests { .. })));
+        s.retune(&HashMap::from([(file.clone(), limits(Some(10), None))]));
+        assert!(!s.limited(&api) && s.token_bucket(&api).is_none());
+        assert!(
+            s.admit(&api, one).is_ok(),
+            "deleted: no longer limited here"
+        );
     }
 }

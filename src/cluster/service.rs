@@ -7,8 +7,11 @@
 //!
 //! and reads back every tenant's cluster-wide weighted service. What a tenant received on the
 //! *other* replicas since the last read (global now − global before − this replica's own
-//! delta) is charged to its DRR credit in this replica's pool (× its weight, back to tokens),
-//! like an under-estimate — only while the tenant has work here ([`FairQueue::charge_remote`]).
+//! delta) is charged to its DRR credit in this replica's pool (× its weight there now, back to
+//! tokens), like an under-estimate — only while the tenant has work here
+//! ([`FairQueue::charge_remote`]). Weights and tenants are the pools' own: a tenant added or
+//! re-weighted by a new generation (a reload, an API tenant's create or `PATCH` on any replica)
+//! is charged at its new weight from the first tick after that generation is applied here.
 //! Each replica's DRR then equalises *cluster-wide* weighted service among the tenants
 //! backlogged on it, instead of its local service alone.
 //!
@@ -39,7 +42,7 @@ use tokio::sync::watch;
 use super::link::Link;
 use super::rate::RedisStore;
 use super::scripts::{SYNC, SYNC_RESUME};
-use crate::domain::{TenantId, Tokens, Weight};
+use crate::domain::TenantId;
 use crate::queue::FairQueue;
 
 const SEP: char = '\u{1f}';
@@ -59,7 +62,6 @@ pub struct Syncer {
     link: Arc<Link>,
     pools: Vec<(String, Arc<FairQueue>)>,
     store: Option<Arc<RedisStore>>,
-    weights: HashMap<TenantId, Weight>,
     interval: Duration,
     keys: [String; 2],
     unapplied: metrics::Counter,
@@ -80,12 +82,11 @@ impl std::fmt::Debug for Syncer {
 }
 
 impl Syncer {
-    /// A syncer for these pools (by name), tenants' weights and rate store.
+    /// A syncer for these pools (by name) and rate store.
     pub fn new(
         link: Arc<Link>,
         pools: Vec<(String, Arc<FairQueue>)>,
         store: Option<Arc<RedisStore>>,
-        weights: HashMap<TenantId, Weight>,
         interval: Duration,
         unapplied: metrics::Counter,
     ) -> Self {
@@ -94,7 +95,6 @@ impl Syncer {
             link,
             pools,
             store,
-            weights,
             interval,
             keys,
             unapplied,
@@ -125,9 +125,8 @@ impl Syncer {
             pending
                 .into_iter()
                 .filter_map(|(t, d)| {
-                    let l = s.tenants.get(&t)?;
-                    let g = l.tokens?;
-                    Some((l.tokens_key.clone(), d, g.t_us, g.size + g.debt))
+                    let (key, g) = s.token_bucket(&t)?;
+                    Some((key, d, g.t_us, g.size + g.debt))
                 })
                 .collect()
         });
@@ -258,15 +257,10 @@ impl Syncer {
             let Some((pool, tenant)) = field.split_once(SEP) else {
                 continue;
             };
-            let tenant = TenantId::new(tenant);
-            let Some(weight) = self.weights.get(&tenant) else {
-                continue;
-            };
             let Some((_, q)) = self.pools.iter().find(|(n, _)| n == pool) else {
                 continue;
             };
-            let tokens = (remote * weight.get()).round() as u64;
-            q.charge_remote(&tenant, Tokens(tokens));
+            q.charge_remote(&TenantId::new(tenant), remote);
         }
     }
 }

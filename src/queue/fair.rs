@@ -347,20 +347,21 @@ impl FairQueue {
             .collect()
     }
 
-    /// Cluster mode: charges `tenant` for `tokens` it was served on other replicas, as debt to
-    /// its DRR credit — only while it has work here (an idle tenant returns as usual, with at
-    /// most zero credit). Returns whether it was charged.
-    pub fn charge_remote(&self, tenant: &TenantId, tokens: Tokens) -> bool {
+    /// Cluster mode: charges `tenant` for the weighted service (tokens ÷ weight) it received
+    /// on other replicas, back in tokens at its weight here now (so a weight changed by a
+    /// reload or an API tenant's `PATCH` counts from the generation that applied it), as debt
+    /// to its DRR credit — only while it has work here (an idle tenant returns as usual, with
+    /// at most zero credit). Returns the tokens charged, if any.
+    pub fn charge_remote(&self, tenant: &TenantId, service: f64) -> Option<Tokens> {
         let mut inner = self.lock();
-        let Some(key) = inner.sched.tenant_key(tenant) else {
-            return false;
-        };
+        let key = inner.sched.tenant_key(tenant)?;
         let (queued, in_flight) = inner.sched.tenant_load(key);
         if queued == 0 && in_flight == 0 {
-            return false;
+            return None;
         }
+        let tokens = Tokens((service * inner.sched.weight(key).get()).round() as u64);
         inner.sched.charge(key, tokens);
-        true
+        Some(tokens)
     }
 
     /// Scales the batch class's share by `fraction` (0–1] of its configured weight: batch is

@@ -170,3 +170,41 @@ async fn extra_attempts_are_charged_to_the_tenant() {
     assert_eq!(q.credit(&a), Some(before - 2 * charged));
     assert_eq!(q.load(), (0, 0));
 }
+
+/// Cluster mode: service a tenant received elsewhere (tokens ÷ weight) is charged back in
+/// tokens at its weight here now, so a re-weighted (or newly added) tenant counts from the
+/// generation that applied it; a tenant without work here, or unknown, is not charged.
+#[tokio::test]
+async fn remote_service_is_charged_at_the_weight_in_force() {
+    let (q, a, b) = queue(1);
+    assert_eq!(q.charge_remote(&a, 100.0), None, "idle: not charged");
+    let p = q
+        .acquire(&a, Class::Interactive, false, cost())
+        .await
+        .unwrap();
+    let before = q.credit(&a).unwrap();
+    assert_eq!(q.charge_remote(&a, 100.0), Some(crate::domain::Tokens(100)));
+    assert_eq!(q.credit(&a), Some(before - 100));
+    let spec = |w: f64| TenantSettings {
+        weight: Weight::new(w).unwrap(),
+        max_concurrency: None,
+        max_queued: 2,
+    };
+    let settings = scheduler::Config {
+        capacity: 1,
+        ..scheduler::Config::default()
+    };
+    let c = TenantId::new("c");
+    q.reconfigure(
+        settings,
+        &[
+            (a.clone(), spec(3.0)),
+            (b, spec(1.0)),
+            (c.clone(), spec(2.0)),
+        ],
+    );
+    assert_eq!(q.charge_remote(&a, 100.0), Some(crate::domain::Tokens(300)));
+    assert_eq!(q.charge_remote(&c, 100.0), None, "added, no work here yet");
+    assert_eq!(q.charge_remote(&TenantId::new("nobody"), 100.0), None);
+    drop(p);
+}

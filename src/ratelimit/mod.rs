@@ -179,8 +179,8 @@ pub trait RateStore: Send + Sync + 'static {
     }
     /// The store for a reloaded configuration's `limits` (config reload): tenants whose rates
     /// are unchanged keep their buckets and ledgers, changed and new ones start full, removed
-    /// ones are dropped. `None`: this store does not take limits from the configuration; the
-    /// caller keeps using it as it is.
+    /// ones are dropped. `None`: the caller keeps using this store (one that takes no limits
+    /// from the configuration, or the shared store, `cluster::rate`, which takes them in place).
     fn with_limits(
         &self,
         limits: &HashMap<TenantId, crate::config::TenantLimits>,

@@ -461,6 +461,11 @@ impl<T> Scheduler<T> {
         self.arena.len()
     }
 
+    /// A tenant's share weight as configured now.
+    pub fn weight(&self, k: TenantKey) -> Weight {
+        self.info[k.idx()].spec.weight
+    }
+
     /// A tenant's queued and in-flight counts.
     pub fn tenant_load(&self, k: TenantKey) -> (usize, u32) {
         let t = &self.tenants[k.idx()];

@@ -1,7 +1,9 @@
 //! Tenants and keys at runtime across replicas (Redis): a tenant and key created on one replica
 //! are used on the other, a key revoked on one is refused on the other within a sync interval
 //! (the measured delay is printed), a restarted replica reads them back, and with Redis down a
-//! change is refused (503) while the known keys keep working.
+//! change is refused (503) while the known keys keep working. An API tenant's rate limit holds
+//! across the replicas together (one shared bucket) and its weight, patched on one replica, is
+//! the weight the other schedules and charges remote service at.
 
 use std::time::Instant;
 
@@ -132,4 +134,94 @@ async fn created_on_one_replica_used_and_revoked_on_the_other() {
     }
     let late = created.expect("Redis is back");
     assert!(until_known(r1.addr, &late, true).await.is_some());
+}
+
+/// The weight `tenant` has in `r`'s pool now.
+fn pool_weight(r: &ServerHandle, tenant: &str) -> Option<f64> {
+    let snapshot = r.state().pools[0].snapshot();
+    let t = snapshot.iter().find(|(t, _)| t.id.as_str() == tenant)?;
+    Some(t.0.weight.get())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_tenants_limits_and_weight_hold_on_every_replica() {
+    let Some(redis) = Redis::start() else {
+        return;
+    };
+    let mock = slow_mock(0).await;
+    let var = unique_env("RT_CLUSTER_LIMITS");
+    let conf = |i| with_admin(replica(&redis, &mock.base_url(), i, 8), &var);
+    let env = [(var.as_str(), TOKEN)];
+    let (r0, r1) = (
+        conf(0).start_with_env(&env).await,
+        conf(1).start_with_env(&env).await,
+    );
+    // 6000 tokens a minute (one bucket, 100 tokens/s refill), created on r0 only.
+    let r = admin(
+        r0.addr,
+        Method::POST,
+        "/admin/tenants",
+        json!({"id": "metered", "tokens_per_minute": 6000}),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
+    let (_, key) = new_key(r0.addr, "metered").await;
+    assert!(until_known(r1.addr, &key, true).await.is_some());
+    // 30 requests of ~500 tokens each (estimated and used), alternating r0 and r1: about
+    // one bucket's worth (12) plus the refill pass over both together; per-replica buckets
+    // would admit twice that, no shared limit all 30.
+    let (mut ok, mut limited) = (0, 0);
+    for i in 0..30 {
+        let addr = [r0.addr, r1.addr][i % 2];
+        let r = send(post(
+            addr,
+            "/v1/chat/completions",
+            Some(&key),
+            &body(500),
+            &[("x-mock-output-tokens", "500")],
+        ))
+        .await;
+        match r.status {
+            200 => ok += 1,
+            429 => {
+                assert_eq!(r.headers["x-fairgate-limit"], "tenant");
+                limited += 1;
+            }
+            s => panic!("unexpected status {s}"),
+        }
+    }
+    eprintln!(
+        "API tenant, tokens_per_minute = 6000 over 2 replicas, 30 requests of ~500 tokens: \
+         {ok} admitted, {limited} limited"
+    );
+    assert!((10..=18).contains(&ok), "{ok} admitted");
+
+    // A weight patched on r0 is r1's weight for the tenant within the sync bound.
+    assert_eq!(pool_weight(&r1, "metered"), Some(1.0));
+    let start = Instant::now();
+    let r = admin(
+        r0.addr,
+        Method::PATCH,
+        "/admin/tenants/metered",
+        json!({"weight": 3}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(
+        pool_weight(&r0, "metered"),
+        Some(3.0),
+        "at once where patched"
+    );
+    assert!(
+        eventually(|| pool_weight(&r1, "metered") == Some(3.0)).await,
+        "r1 never took the weight"
+    );
+    eprintln!(
+        "weight patched on r0, in force on r1 after {} ms (sync_interval_ms = 100)",
+        start.elapsed().as_millis()
+    );
+    let t = admin(r1.addr, Method::GET, "/admin/tenants/metered", Value::Null)
+        .await
+        .json();
+    assert_eq!(t["weight"], 3.0, "{t}");
 }
