@@ -5,7 +5,7 @@
 //! the Helm chart lints strictly and renders manifests that pass the same checks
 //! (`tests/k8s/helm.py`, `pip install helm-python-sdk`); the sidecar's config is safe by default;
 //! the Grafana dashboard is valid JSON that queries the metric families of the contract; the
-//! cluster example (three replicas + Redis), the README's quickstart and docs/endpoints.md's
+//! cluster example (three replicas + Redis), the README's quickstart and endpoint examples and docs/endpoints.md's
 //! examples are configs that validate; `fairgate health` answers for a running server.
 
 use std::process::Command;
@@ -134,6 +134,27 @@ fn readme_quickstart_config_validates() {
         .expect("the README has a toml block");
     let config = Config::from_toml_str(toml).expect("the README's config validates");
     assert!(!config.tenants.is_empty());
+}
+
+#[test]
+fn readme_endpoint_examples_validate() {
+    let readme = std::fs::read_to_string("README.md").unwrap();
+    let section = readme
+        .split("## Several endpoints and failover\n")
+        .nth(1)
+        .and_then(|rest| rest.split("\n## ").next())
+        .expect("the README has the section Several endpoints and failover");
+    let blocks: Vec<&str> = section
+        .split("```toml\n")
+        .skip(1)
+        .filter_map(|rest| rest.split("```").next())
+        .collect();
+    assert_eq!(blocks.len(), 2, "an Azure OpenAI and a vLLM-fleet example");
+    for block in blocks {
+        let text = format!("{block}\n[[tenants]]\nid = \"t\"\napi_keys = [\"k\"]\n");
+        let config = Config::from_toml_str(&text).unwrap_or_else(|e| panic!("{e}\n{block}"));
+        assert!(config.upstreams[0].endpoints.len() >= 3, "{block}");
+    }
 }
 
 #[test]
