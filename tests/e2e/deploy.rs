@@ -5,8 +5,9 @@
 //! the Helm chart lints strictly and renders manifests that pass the same checks
 //! (`tests/k8s/helm.py`, `pip install helm-python-sdk`); the sidecar's config is safe by default;
 //! the Grafana dashboard is valid JSON that queries the metric families of the contract; the
-//! cluster example (three replicas + Redis), the README's quickstart and endpoint examples and docs/endpoints.md's
-//! examples are configs that validate; `fairgate health` answers for a running server.
+//! cluster example (three replicas + Redis), the README's quickstart and endpoint examples and
+//! docs/endpoints.md's examples are configs that validate; `fairgate health` answers for a
+//! running server.
 
 use std::process::Command;
 
