@@ -3,8 +3,9 @@
 //! 1. startup with `N` tenants in the config file against `N` API tenants in the SQLite store
 //!    (`[store] path`, written directly before the start), each with one key; then one request
 //!    of the last tenant, to show its key works;
-//! 2. request latency (p50, p99) of a config tenant's closed-loop clients, alone and while
-//!    `KEYS` keys are created through the admin API (8 at a time);
+//! 2. request latency (p50, p99) of a config tenant's closed-loop clients, alone, while `KEYS`
+//!    keys are created through the admin API (8 at a time), and alone again; printed as ratios
+//!    to the first run (the second alone run shows the noise);
 //! 3. how long creating `CREATE` more API tenants one by one takes through the admin API (each
 //!    publishes a new generation: the cost grows with the number of tenants).
 //!
@@ -168,6 +169,7 @@ async fn main() {
     stop.store(true, Ordering::Relaxed);
     let (p50, p99, count) = run.await.unwrap();
     println!("alone: p50 {p50:.2} ms, p99 {p99:.2} ms over {count} requests");
+    let alone = (p50, p99);
     let keys = env_num("KEYS", 1000);
     let stop = Arc::new(AtomicBool::new(false));
     let run = tokio::spawn(latencies(c.clone(), addr, stop.clone()));
@@ -195,6 +197,21 @@ async fn main() {
          {count} requests",
         burst.as_secs_f64() * 1000.0,
         keys as f64 / burst.as_secs_f64()
+    );
+    // Alone again, to show the noise between two runs without a burst.
+    let stop = Arc::new(AtomicBool::new(false));
+    let again = tokio::spawn(latencies(c.clone(), addr, stop.clone()));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    stop.store(true, Ordering::Relaxed);
+    let (a50, a99, acount) = again.await.unwrap();
+    println!("alone again: p50 {a50:.2} ms, p99 {a99:.2} ms over {acount} requests");
+    println!(
+        "ratios during the burst / alone before: p50 {:.2}, p99 {:.2}; alone after / before: \
+         p50 {:.2}, p99 {:.2}",
+        p50 / alone.0,
+        p99 / alone.1,
+        a50 / alone.0,
+        a99 / alone.1
     );
 
     // 3. Creating tenants one by one (each publishes a generation).

@@ -8,11 +8,16 @@
 //! again for a finished one (its result is committed before it counts as finished). Calls are
 //! short synchronous transactions under one mutex; [`super::Store`] runs each on tokio's
 //! blocking pool, so neither the mutex nor the disk ever blocks an async worker.
+//!
+//! Write transactions are `IMMEDIATE` (the write lock before the first read): the file may be
+//! `[store] path`, shared with the usage ledger and the runtime tenants on their own
+//! connections, and a deferred transaction that read first fails `database is locked` at once
+//! when another connection committed meanwhile, where an immediate one waits (`busy_timeout`).
 
 use std::path::Path;
 use std::sync::Mutex;
 
-use rusqlite::{params, Connection, OptionalExtension};
+use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use super::{now, state, Claimed, Counts, File, Job, Line, NewJob, CHUNK_BYTES};
 
@@ -104,7 +109,7 @@ impl Sqlite {
     pub fn insert(&self, tenant: &str, jobs: &[NewJob], batch: Option<(&str, &str)>) -> Result<()> {
         let t = now() as i64;
         self.with(|c| {
-            let tx = c.transaction()?;
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
             if let Some((id, doc)) = batch {
                 tx.execute(
                     "INSERT INTO batches(id, tenant, doc, status, created) VALUES (?1,?2,?3,'in_progress',?4)",
@@ -183,7 +188,7 @@ impl Sqlite {
     /// Claims up to `n` of `tenant`'s oldest queued jobs (marks them running).
     pub fn claim(&self, tenant: &str, n: usize) -> Result<Vec<Claimed>> {
         self.with(|c| {
-            let tx = c.transaction()?;
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let claimed: Vec<Claimed> = {
                 let mut st = tx.prepare(
                     "SELECT id, tenant, batch, method, path, body FROM jobs \
@@ -243,7 +248,7 @@ impl Sqlite {
     /// Stores a file (its content in chunks of [`CHUNK_BYTES`]).
     pub fn insert_file(&self, tenant: &str, f: &File, content: &[u8]) -> Result<()> {
         self.with(|c| {
-            let tx = c.transaction()?;
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
             put_file(&tx, tenant, f, content)?;
             tx.commit()
         })
@@ -341,7 +346,7 @@ impl Sqlite {
     /// Deletes file `id` of `tenant` and its chunks; whether it existed.
     pub fn delete_file(&self, tenant: &str, id: &str) -> Result<bool> {
         self.with(|c| {
-            let tx = c.transaction()?;
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let n = tx.execute(
                 "DELETE FROM files WHERE id = ?1 AND tenant = ?2",
                 [id, tenant],
@@ -382,7 +387,7 @@ impl Sqlite {
     /// transaction; whether the batch was in progress.
     pub fn cancel_batch(&self, tenant: &str, id: &str, doc: &str) -> Result<bool> {
         self.with(|c| {
-            let tx = c.transaction()?;
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let n = tx.execute(
                 "UPDATE batches SET doc = ?3, status = 'cancelling' \
                  WHERE id = ?1 AND tenant = ?2 AND status = 'in_progress'",
@@ -411,7 +416,7 @@ impl Sqlite {
     ) -> Result<bool> {
         let t = now() as i64;
         self.with(|c| {
-            let tx = c.transaction()?;
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let open: bool = tx.query_row(
                 "SELECT NOT EXISTS(SELECT 1 FROM jobs WHERE batch = ?1 AND state IN \
                  ('queued','running'))",
@@ -562,7 +567,7 @@ impl Sqlite {
     pub fn cleanup(&self, before: u64) -> Result<usize> {
         let b = before as i64;
         self.with(|c| {
-            let tx = c.transaction()?;
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let mut n = tx.execute(
                 "DELETE FROM jobs WHERE finished IS NOT NULL AND finished < ?1 AND \
                  (batch IS NULL OR batch IN (SELECT id FROM batches WHERE finished IS NOT NULL AND finished < ?1))",

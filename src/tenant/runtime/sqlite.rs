@@ -7,11 +7,17 @@
 //! transaction; a tenant's deletion revokes its keys in that transaction; a revoked key is
 //! never written again. Calls are synchronous under one mutex: [`super::Store`] runs them on
 //! tokio's blocking pool.
+//!
+//! Every write transaction is `IMMEDIATE`: it takes the file's write lock before its first read,
+//! so beside the other writers of the file (the usage ledger's flush, the jobs) it waits
+//! (`busy_timeout`, 5 s) instead of failing. A deferred one read first, and could then not take
+//! the lock once another connection had committed since: `database is locked` at once, which
+//! answered a key creation beside a busy ledger `503` (`examples/runtime_tenants`, 1,000 keys).
 
 use std::path::Path;
 use std::sync::Mutex;
 
-use rusqlite::{params, Connection, OptionalExtension};
+use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use super::record::{Change, KeyRecord, TenantRecord, Versioned};
 use super::StoreError;
@@ -107,7 +113,7 @@ impl Sqlite {
     /// Writes `t`: `create` needs the id new (or deleted), else it must be live.
     pub fn put_tenant(&self, t: &TenantRecord, create: bool) -> Result<u64> {
         self.with(|c| {
-            let tx = c.transaction()?;
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let live = tenant(&tx, &t.id)?.is_some_and(|o| !o.deleted);
             match (create, live) {
                 (true, true) => return Err(StoreError::Exists),
@@ -128,7 +134,7 @@ impl Sqlite {
     /// Deletes the live tenant `id` at `at` (a tombstone) and revokes its keys.
     pub fn delete_tenant(&self, id: &str, at: u64) -> Result<u64> {
         self.with(|c| {
-            let tx = c.transaction()?;
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let Some(mut t) = tenant(&tx, id)?.filter(|t| !t.deleted) else {
                 return Err(StoreError::Missing);
             };
@@ -165,7 +171,7 @@ impl Sqlite {
     /// not be revoked.
     pub fn put_key(&self, k: &KeyRecord, create: bool) -> Result<u64> {
         self.with(|c| {
-            let tx = c.transaction()?;
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
             if tenant(&tx, &k.tenant)?.is_none_or(|t| t.deleted) {
                 return Err(StoreError::Missing);
             }

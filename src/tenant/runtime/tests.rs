@@ -173,3 +173,54 @@ fn a_late_read_of_an_older_write_never_revives_a_revoked_key() {
     index.apply(5, Change::Key(k));
     assert!(!index.by_digest.contains_key(&digest(key.as_bytes())));
 }
+
+/// The store shares its file with the usage ledger and the jobs (`[store] path`), each on its
+/// own connection: a write here while another connection commits must wait for it, never fail
+/// "database is locked" (a deferred transaction that read first cannot take the write lock
+/// once another writer committed after its read began; the wait of `busy_timeout` does not
+/// apply to that case). Bounded: 200 writes here beside at most 20,000 commits there.
+#[test]
+fn writes_beside_another_writer_of_the_file_wait_instead_of_failing() {
+    let path = temp();
+    let store = Sqlite::open(&path).unwrap();
+    let t = super::record::TenantRecord {
+        id: "t".into(),
+        spec: Map::new(),
+        created_at: 0,
+        updated_at: 0,
+        deleted: false,
+    };
+    store.put_tenant(&t, true).unwrap();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let other = {
+        let (path, stop) = (path.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let c = rusqlite::Connection::open(&path).unwrap();
+            c.busy_timeout(std::time::Duration::from_secs(5)).unwrap();
+            c.execute_batch("CREATE TABLE IF NOT EXISTS other(n INTEGER)")
+                .unwrap();
+            for n in 0..20_000 {
+                if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    break;
+                }
+                c.execute("INSERT INTO other(n) VALUES (?1)", [n]).unwrap();
+            }
+        })
+    };
+    let mut failed = Vec::new();
+    for _ in 0..200 {
+        let (k, _) = super::record::new_key("t", None, None);
+        if let Err(e) = store.put_key(&k, true) {
+            failed.push(e.to_string());
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    other.join().unwrap();
+    let _ = std::fs::remove_file(&path);
+    assert!(
+        failed.is_empty(),
+        "{} of 200 failed: {:?}",
+        failed.len(),
+        failed.first()
+    );
+}
