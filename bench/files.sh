@@ -8,8 +8,10 @@
 #
 # BIN defaults to target/debug/fairgate (`cargo build`). MAX_TRANSFERS_PER_TENANT defaults to
 # N_DOWNLOADS + 2 so that every transfer is admitted; pass 4 (fairgate's default) to see the
-# cap refuse the rest (429).
+# cap refuse the rest (429). The tenant's byte rate (`transfer_bytes_per_second_per_tenant`) is
+# off here (RATE=0): this measures memory, not pacing; RATE=25000000 runs it at the default.
 set -euo pipefail
+RATE=${RATE:-0}
 BIN=${1:-target/debug/fairgate}
 SIZE=${2:-100}
 N=${3:-16}
@@ -34,6 +36,7 @@ api_keys = ["fg-big"]
 [jobs]
 path = "$DIR/jobs.sqlite"
 max_transfers_per_tenant = $CAP
+transfer_bytes_per_second_per_tenant = $RATE
 max_stored_bytes_per_tenant = 4294967296
 TOML
 "$BIN" serve --config "$DIR/config.toml" >"$DIR/log" 2>&1 &

@@ -96,6 +96,9 @@ pub struct JobsConfig {
     pub max_file_lines: u64,
     /// File uploads and downloads one tenant may have open at once.
     pub max_transfers_per_tenant: usize,
+    /// Bytes a second one tenant's file uploads and downloads move together (paced, with a
+    /// burst of one second of it; per replica); 0: no limit.
+    pub transfer_bytes_per_second_per_tenant: u64,
 }
 
 impl Default for JobsConfig {
@@ -110,6 +113,7 @@ impl Default for JobsConfig {
             max_file_bytes: 200_000_000,
             max_file_lines: 50_000,
             max_transfers_per_tenant: 4,
+            transfer_bytes_per_second_per_tenant: 25_000_000,
         }
     }
 }

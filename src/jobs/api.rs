@@ -20,13 +20,21 @@ pub fn is_jobs_path(path: &str) -> bool {
 
 pub use crate::response::json;
 
-/// Answers a request to a jobs endpoint.
+/// Answers a request to a jobs endpoint; a files or batches call first takes one request of
+/// the tenant's request bucket (`requests`).
 pub async fn handle(
     jobs: &Jobs,
+    requests: &dyn super::rate::Requests,
     req: Request<Bytes>,
 ) -> Result<Response<ResponseBody>, crate::Error> {
     let ctx = crate::context::of(&req)?;
     let tenant = ctx.identity()?.tenant.id.clone();
+    if super::rate::charged(req.uri().path()) {
+        requests
+            .take(&tenant)
+            .await
+            .map_err(|retry_after| Error::RequestRate { retry_after })?;
+    }
     let tenant = tenant.as_str();
     Ok(route(jobs, tenant, &req).await?)
 }

@@ -21,6 +21,13 @@ pub enum Error {
         /// Its value.
         limit: u64,
     },
+    /// The tenant's request bucket (`requests_per_minute`) is empty: every files and batches
+    /// call takes one request of it.
+    #[error("rate limit reached for requests per minute; retry after {}s", crate::error::secs(*retry_after))]
+    RequestRate {
+        /// When a request fits again.
+        retry_after: std::time::Duration,
+    },
     /// A malformed request to the files or batches API.
     #[error("{message}")]
     Invalid {
@@ -70,7 +77,7 @@ impl ApiError for Error {
             Error::NotFound(_) | Error::Disabled => StatusCode::NOT_FOUND,
             Error::Stream | Error::Invalid { .. } => StatusCode::BAD_REQUEST,
             Error::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            Error::Limit { .. } => StatusCode::TOO_MANY_REQUESTS,
+            Error::Limit { .. } | Error::RequestRate { .. } => StatusCode::TOO_MANY_REQUESTS,
             Error::Method => StatusCode::METHOD_NOT_ALLOWED,
             Error::Store(super::store::StoreError::Redis) => StatusCode::SERVICE_UNAVAILABLE,
             Error::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -79,7 +86,7 @@ impl ApiError for Error {
     fn kind(&self) -> &'static str {
         match self {
             // fairgate's 429s share OpenAI's rate-limit `type` (see `error::Error::all_headers`).
-            Error::Limit { .. } => "requests",
+            Error::Limit { .. } | Error::RequestRate { .. } => "requests",
             Error::Store(_) => "server_error",
             _ => "invalid_request_error",
         }
@@ -89,6 +96,7 @@ impl ApiError for Error {
             Error::NotFound(_) | Error::Disabled => "not_found",
             Error::Stream => "stream_not_async",
             Error::Limit { .. } => "job_limit_exceeded",
+            Error::RequestRate { .. } => "rate_limit_exceeded",
             Error::Invalid { .. } => "invalid_request",
             Error::TooLarge(_) => "file_too_large",
             Error::Method => "method_not_allowed",
@@ -105,11 +113,18 @@ impl ApiError for Error {
         }
     }
     fn limit(&self) -> Option<Limit> {
-        matches!(self, Error::Limit { .. }).then_some(Limit::Tenant)
+        matches!(self, Error::Limit { .. } | Error::RequestRate { .. }).then_some(Limit::Tenant)
+    }
+    fn retry_after(&self) -> Option<std::time::Duration> {
+        match self {
+            Error::RequestRate { retry_after } => Some(*retry_after),
+            _ => None,
+        }
     }
     fn reason(&self) -> Reason {
         match self {
             Error::Limit { .. } => Reason::JobLimit,
+            Error::RequestRate { .. } => Reason::RequestRate,
             Error::Store(_) => Reason::JobStore,
             Error::NotFound(_) | Error::Disabled => Reason::NotFound,
             _ => Reason::BadRequest,

@@ -3,7 +3,8 @@
 //! `;` in a filename, any part order), the `file` part checked line by line and written to the
 //! store a chunk at a time, bounded by `[jobs] max_file_bytes` and `max_file_lines`; the
 //! download reads one stored chunk per frame the client takes. Each holds one of the tenant's
-//! transfer slots for its whole life (a download's: in its response body).
+//! transfer slots for its whole life (a download's: in its response body), and every chunk
+//! either way waits for its bytes of the tenant's byte rate (`super::rate::ByteRate`).
 //!
 //! Invariants: an upload is visible (listed, readable, usable by a batch) only once stored
 //! whole; a failed or abandoned upload leaves no chunk behind (dropped at once, or at the next
@@ -18,6 +19,7 @@ use super::store::{self, File, Store, CHUNK_BYTES};
 use super::transfer::{self, Lines};
 use super::{api, Error, Jobs};
 use crate::context::Upload;
+use crate::domain::TenantId;
 use crate::response::ResponseBody;
 
 /// Room for the form around the file (boundaries, part headers, the `purpose` field).
@@ -169,11 +171,15 @@ pub async fn upload(
                 let mut lines = Lines::new(c.max_file_lines, jobs.max_line());
                 let mut sink = Sink::new(jobs.store(), &id);
                 let mut bytes = 0u64;
+                let who = TenantId::new(tenant);
                 while let Some(chunk) = field.chunk().await.map_err(|e| form_error(e, max))? {
                     bytes += chunk.len() as u64;
                     if bytes > max {
                         return Err(Error::TooLarge(max));
                     }
+                    // The tenant's byte rate: the next bytes are read from the client only
+                    // once these fit (backpressure, not a buffer).
+                    jobs.bytes().pace(&who, chunk.len() as u64).await;
                     lines.feed(&chunk)?;
                     sink.push(chunk).await?;
                 }
@@ -231,10 +237,24 @@ pub async fn download(
             Bytes::new()
         }
     };
-    let (s, t, i) = (store.clone(), tenant.to_owned(), id.to_owned());
+    // Each chunk waits for its bytes of the tenant's rate before it is passed on.
+    let who = TenantId::new(tenant);
+    jobs.bytes().pace(&who, first.len() as u64).await;
+    let (s, t, i, j) = (
+        store.clone(),
+        tenant.to_owned(),
+        id.to_owned(),
+        jobs.clone(),
+    );
     let read: transfer::ChunkReader = Box::new(move |seq| {
-        let (s, t, i) = (s.clone(), t.clone(), i.clone());
-        Box::pin(async move { s.file_chunk(&t, &i, seq).await.map_err(Error::from) })
+        let (s, t, i, j, who) = (s.clone(), t.clone(), i.clone(), j.clone(), who.clone());
+        Box::pin(async move {
+            let chunk = s.file_chunk(&t, &i, seq).await.map_err(Error::from)?;
+            if let Some(c) = &chunk {
+                j.bytes().pace(&who, c.len() as u64).await;
+            }
+            Ok(chunk)
+        })
     });
     let mut body = ResponseBody::boxed(StreamBody::new(transfer::download(first, read)));
     body.attach(Box::new(slot));

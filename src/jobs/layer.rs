@@ -4,25 +4,39 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Request, Response, StatusCode};
 
+use super::rate::Requests;
 use super::{api, Error, Jobs};
 use crate::context::{Endpoint, JobRun};
 use crate::response::ResponseBody;
 
-/// Tower layer of the jobs stage (`None`: `[jobs]` is off; `respond-async` is then ignored, as
-/// RFC 7240 allows, and the jobs endpoints answer 404).
+/// Tower layer of the jobs stage: the jobs subsystem (`None`: `[jobs]` is off; `respond-async`
+/// is then ignored, as RFC 7240 allows, and the jobs endpoints answer 404) and the request
+/// bucket its files and batches calls take from.
 #[derive(Clone)]
-pub struct Layer(pub Option<Jobs>);
+pub struct Layer {
+    jobs: Option<Jobs>,
+    requests: Arc<dyn Requests>,
+}
+
+impl Layer {
+    /// The stage over `jobs`, charging `requests`.
+    pub fn new(jobs: Option<Jobs>, requests: Arc<dyn Requests>) -> Self {
+        Self { jobs, requests }
+    }
+}
 
 impl<S> tower::Layer<S> for Layer {
     type Service = Service<S>;
     fn layer(&self, inner: S) -> Service<S> {
         Service {
-            jobs: self.0.clone(),
+            jobs: self.jobs.clone(),
+            requests: self.requests.clone(),
             inner,
         }
     }
@@ -32,6 +46,7 @@ impl<S> tower::Layer<S> for Layer {
 #[derive(Clone)]
 pub struct Service<S> {
     jobs: Option<Jobs>,
+    requests: Arc<dyn Requests>,
     inner: S,
 }
 
@@ -86,6 +101,7 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let jobs = self.jobs.clone();
+        let requests = self.requests.clone();
         Box::pin(async move {
             // A job re-entering the stack: note fairgate's own refusal for the runner.
             if let Some(run) = req.extensions().get::<JobRun>().cloned() {
@@ -98,7 +114,7 @@ where
             let path = req.uri().path();
             if api::is_jobs_path(path) {
                 let jobs = jobs.ok_or(Error::Disabled)?;
-                return api::handle(&jobs, req).await;
+                return api::handle(&jobs, &*requests, req).await;
             }
             let prefer = Prefer::of(req.headers());
             let endpoint = Endpoint::of_path(path);

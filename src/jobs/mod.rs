@@ -18,7 +18,9 @@
 //! (at-least-once for those, exactly once in the output file). With `[cluster]`, a line
 //! claimed by a replica that died is run by another after `[jobs] lease_ms`, and the dead
 //! replica's late answer (if it comes) is discarded by the fencing token; the queued, stored
-//! and in-flight (`max_inflight_per_tenant`) limits hold across replicas.
+//! and in-flight (`max_inflight_per_tenant`) limits hold across replicas. Every files and
+//! batches call takes one request of the tenant's request bucket, and file transfers are
+//! paced by its byte rate ([`rate`]).
 //!
 //! [`context::JobRun`]: crate::context::JobRun
 
@@ -27,6 +29,7 @@ pub mod batch;
 pub mod error;
 pub mod files;
 pub mod layer;
+pub mod rate;
 pub mod runner;
 pub mod store;
 pub mod transfer;
@@ -73,6 +76,8 @@ struct Inner {
     wake: tokio::sync::Notify,
     meter: Option<Arc<dyn Meter>>,
     transfers: Arc<transfer::Transfers>,
+    /// The tenants' byte rate of file transfers.
+    bytes: rate::ByteRate,
     /// The longest line an uploaded file may have (`[server] max_body_bytes`: a line is a
     /// request body).
     max_line: std::sync::atomic::AtomicUsize,
@@ -105,6 +110,7 @@ impl Jobs {
             wake: tokio::sync::Notify::new(),
             meter,
             transfers: transfer::Transfers::new(config.max_transfers_per_tenant),
+            bytes: rate::ByteRate::new(config.transfer_bytes_per_second_per_tenant),
             max_line: std::sync::atomic::AtomicUsize::new(8 << 20),
         }))
     }
@@ -127,6 +133,11 @@ impl Jobs {
     /// The tenants' open file transfers.
     pub fn transfers(&self) -> &Arc<transfer::Transfers> {
         &self.0.transfers
+    }
+
+    /// The tenants' byte rate of file uploads and downloads.
+    pub fn bytes(&self) -> &rate::ByteRate {
+        &self.0.bytes
     }
 
     /// Sets the longest line of an uploaded file (`[server] max_body_bytes`).

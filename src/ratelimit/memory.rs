@@ -222,6 +222,26 @@ impl RateStore for MemoryStore {
         Ok(t.state(&ledgers))
     }
 
+    fn admit_request<'a>(
+        &'a self,
+        tenant: &'a TenantId,
+    ) -> futures_util::future::BoxFuture<'a, Result<RateState, Refusal>> {
+        let answer = (|| {
+            let Some(t) = self.tenants.get(tenant) else {
+                return Ok(RateState::default());
+            };
+            let ledgers = t.ledgers.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(b) = &t.requests {
+                if let Err(retry_after) = b.take(1) {
+                    let state = Box::new(t.state(&ledgers));
+                    return Err(Refusal::Requests { retry_after, state });
+                }
+            }
+            Ok(t.state(&ledgers))
+        })();
+        Box::pin(std::future::ready(answer))
+    }
+
     fn adjust(&self, tenant: &TenantId, input: i64, output: i64) {
         let Some(t) = self.tenants.get(tenant) else {
             return;

@@ -150,6 +150,17 @@ pub trait RateStore: Send + Sync + 'static {
     ) -> futures_util::future::BoxFuture<'a, Result<RateState, Refusal>> {
         Box::pin(std::future::ready(self.admit(tenant, cost)))
     }
+    /// Charges one request to the tenant's request bucket only (a call that costs no tokens:
+    /// the files and batches endpoints), asking the shared store when there is one. The
+    /// default is a zero-token admission, which is exactly that where a token bucket cannot
+    /// refuse zero (the shared store's GCRA); the in-memory store overrides it, since a token
+    /// ledger in debt refuses even zero.
+    fn admit_request<'a>(
+        &'a self,
+        tenant: &'a TenantId,
+    ) -> futures_util::future::BoxFuture<'a, Result<RateState, Refusal>> {
+        self.admit_shared(tenant, Charge::default())
+    }
     /// Moves `input` and `output` tokens into the tenant's ledgers (credit > 0, debt < 0); the
     /// all-tokens ledger gets their sum.
     fn adjust(&self, tenant: &TenantId, input: i64, output: i64);

@@ -70,7 +70,12 @@ where
         // request is stored here as a job (202) before admission could refuse it; the jobs and
         // batches endpoints are answered here; a job re-entering the stack from the runner
         // passes through to every stage below, in its tenant's batch class.
-        .layer(crate::jobs::Layer(state.jobs.clone()))
+        // Its files and batches calls take a request of the tenant's request bucket, as
+        // admission charges a chat request (`JobRequests`: this stage imports no `ratelimit`).
+        .layer(crate::jobs::Layer::new(
+            state.jobs.clone(),
+            Arc::new(JobRequests(state.admission.store.clone())),
+        ))
         // Pick the upstream pool from the model: the fair queue below is per pool.
         .layer(route::Layer(state.router.clone()))
         // Memory bounded in bytes: as soon as the pool is known (the body is read and parsed),
@@ -108,4 +113,25 @@ where
             upstream::Service::new(upstreams, tenant_header)
                 .propagate_trace(state.metrics.otel().is_some()),
         )
+}
+
+/// The request bucket the jobs stage's files and batches calls take from: the generation's rate
+/// store, one request, no tokens.
+struct JobRequests(Arc<dyn ratelimit::RateStore>);
+
+impl crate::jobs::rate::Requests for JobRequests {
+    fn take<'a>(
+        &'a self,
+        tenant: &'a crate::domain::TenantId,
+    ) -> futures_util::future::BoxFuture<'a, Result<(), std::time::Duration>> {
+        Box::pin(async move {
+            match self.0.admit_request(tenant).await {
+                Ok(_) => Ok(()),
+                Err(ratelimit::Refusal::Requests { retry_after, .. })
+                | Err(ratelimit::Refusal::Tokens { retry_after, .. }) => Err(retry_after),
+                // A part of no tokens is never larger than a bucket.
+                Err(ratelimit::Refusal::TooLarge { .. }) => Ok(()),
+            }
+        })
+    }
 }

@@ -228,3 +228,103 @@ async fn a_tenants_open_transfers_are_capped_and_another_tenant_is_not() {
         200
     );
 }
+
+#[tokio::test]
+async fn a_tenant_hammering_the_files_api_is_refused_by_its_request_bucket_and_another_tenants_chat_is_not(
+) {
+    let mock = mock().await;
+    let proxy = Conf::new(&mock.base_url())
+        .set("jobs.path", db())
+        .tenant("a", "requests_per_minute", 5)
+        .start()
+        .await;
+    // Listings, an upload, reads: every call takes one request of a's bucket (5).
+    let mut refused = None;
+    for i in 0..20 {
+        let r = if i == 2 {
+            send(upload(proxy.addr, KEY_A, "in.jsonl", "{}\n")).await
+        } else {
+            send(get(proxy.addr, KEY_A, "/v1/files")).await
+        };
+        if r.status == 429 {
+            refused = Some((i, r));
+            break;
+        }
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    }
+    let (i, r) = refused.expect("a's files calls are refused once its request bucket is empty");
+    assert_eq!(i, 5, "the 6th call: 5 fit in a bucket of 5");
+    r.assert_error(429, "rate_limit_exceeded");
+    assert_eq!(
+        r.json()["error"]["type"],
+        "requests",
+        "the one 429 vocabulary"
+    );
+    assert_eq!(r.headers["x-fairgate-limit"], "tenant");
+    assert!(r.headers.contains_key("retry-after"));
+    assert_eq!(r.headers["x-ratelimit-remaining-requests"], "0");
+    // A refused upload stores nothing; a batch call is charged the same way.
+    let up = send(upload(proxy.addr, KEY_A, "more.jsonl", "{}\n")).await;
+    up.assert_error(429, "rate_limit_exceeded");
+    let body =
+        r#"{"input_file_id":"file-x","endpoint":"/v1/chat/completions","completion_window":"24h"}"#;
+    let b = send(post(proxy.addr, "/v1/batches", Some(KEY_A), body, &[])).await;
+    b.assert_error(429, "rate_limit_exceeded");
+    // The same bucket as a's chat requests; tenant b's chat is untouched.
+    let chat_a = send(post(
+        proxy.addr,
+        "/v1/chat/completions",
+        Some(KEY_A),
+        &chat("gpt-4o-mini"),
+        &[],
+    ))
+    .await;
+    chat_a.assert_error(429, "rate_limit_exceeded");
+    let chat_b = send(post(
+        proxy.addr,
+        "/v1/chat/completions",
+        Some(KEY_B),
+        &chat("gpt-4o-mini"),
+        &[],
+    ))
+    .await;
+    assert_eq!(
+        chat_b.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&chat_b.body)
+    );
+    let listed = send(get(proxy.addr, KEY_B, "/v1/files")).await;
+    assert_eq!(listed.status, 200, "b's files calls are its own");
+}
+
+#[tokio::test]
+async fn uploads_and_downloads_over_the_tenants_byte_rate_are_paced_not_cut() {
+    let mock = mock().await;
+    let proxy = Conf::new(&mock.base_url())
+        .set("jobs.path", db())
+        .set("jobs.max_file_bytes", 4_000_000)
+        .set("jobs.transfer_bytes_per_second_per_tenant", 1_000_000)
+        .start()
+        .await;
+    let content = batch_lines(3000, 1000);
+    // 3 MB at 1 MB/s, the bucket never holding more than 1 MB: at least 2 s each way, whatever
+    // the machine (a lower bound only: load can only add to it).
+    let at_least = Duration::from_millis(1900);
+    let t = std::time::Instant::now();
+    let r = send(upload(proxy.addr, KEY_A, "in.jsonl", &content)).await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let up = t.elapsed();
+    assert!(up >= at_least, "the upload was paced: {up:?}");
+    let id = r.json()["id"].as_str().unwrap().to_owned();
+    let t = std::time::Instant::now();
+    let back = send(get(proxy.addr, KEY_A, &format!("/v1/files/{id}/content"))).await;
+    let down = t.elapsed();
+    assert_eq!(back.status, 200);
+    assert!(
+        back.body == content.as_bytes(),
+        "paced, not cut: read back whole"
+    );
+    assert!(down >= at_least, "the download was paced: {down:?}");
+    println!("byte rate 1 MB/s: 3 MB up in {up:?}, down in {down:?}");
+}
