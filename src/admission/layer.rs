@@ -236,7 +236,8 @@ where
             // back).
             let reservation = adm
                 .budgets
-                .reserve(&tenant, &ctx.request()?.model, est.charge)?;
+                .reserve(&tenant, &ctx.request()?.model, est.charge)
+                .await?;
             let remaining = reservation.budgeted().then(|| reservation.remaining());
             // 4. Rate limits.
             let charge = est.charge;

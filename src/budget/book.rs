@@ -39,7 +39,8 @@ impl Spend {
         }
     }
 
-    fn plus(self, o: Spend) -> Spend {
+    /// The sum.
+    pub fn plus(self, o: Spend) -> Spend {
         Spend {
             tokens: self.tokens.saturating_add(o.tokens),
             usd: Usd(self.usd.0.saturating_add(o.usd.0)),
@@ -221,28 +222,77 @@ impl Book {
         est: Spend,
         now: i64,
     ) -> Result<Remaining, Exhausted> {
+        if let Some(r) = self.check(tenant, limits, est, now, false) {
+            return Err(r);
+        }
+        let a = self.account(tenant, now);
+        a.reserved = a.reserved.plus(est);
+        Ok(a.remaining(limits))
+    }
+
+    /// The budget of `limits` that cannot cover `est` (of those that cannot, the one that
+    /// resets last); with `anyway`, the one that resets last when all could (the shared
+    /// store refused what this book would admit: it counted more).
+    fn check(
+        &mut self,
+        tenant: &TenantId,
+        limits: &[Limit],
+        est: Spend,
+        now: i64,
+        anyway: bool,
+    ) -> Option<Exhausted> {
         let a = self.account(tenant, now);
         let mut refused: Option<Exhausted> = None;
-        for l in limits {
-            let used = a.used(l);
-            if used.saturating_add(est.of(l.unit)) > l.amount {
-                let resets_in = a.windows[Account::slot(l.period)].0.resets_in(now);
-                if refused.is_none_or(|r| resets_in > r.resets_in) {
-                    refused = Some(Exhausted {
-                        limit: *l,
-                        used,
-                        resets_in,
-                        remaining: Remaining::default(),
-                    });
+        for pass in [false, true] {
+            if pass && (refused.is_some() || !anyway) {
+                break;
+            }
+            for l in limits {
+                let used = a.used(l);
+                if pass || used.saturating_add(est.of(l.unit)) > l.amount {
+                    let resets_in = a.windows[Account::slot(l.period)].0.resets_in(now);
+                    if refused.is_none_or(|r| resets_in > r.resets_in) {
+                        refused = Some(Exhausted {
+                            limit: *l,
+                            used,
+                            resets_in,
+                            remaining: Remaining::default(),
+                        });
+                    }
                 }
             }
         }
-        if let Some(mut r) = refused {
-            r.remaining = a.remaining(limits);
-            return Err(r);
-        }
-        a.reserved = a.reserved.plus(est);
-        Ok(a.remaining(limits))
+        let mut r = refused?;
+        r.remaining = a.remaining(limits);
+        Some(r)
+    }
+
+    /// The refusal of `est` (a budget that cannot cover it, else the one that resets last).
+    pub fn refusal(
+        &mut self,
+        tenant: &TenantId,
+        limits: &[Limit],
+        est: Spend,
+        now: i64,
+    ) -> Option<Exhausted> {
+        self.check(tenant, limits, est, now, !limits.is_empty())
+    }
+
+    /// Sets what the shared store (cluster mode) counted for `tenant` at `now`: spent in the
+    /// day and the month, reserved by requests in flight on every replica. The book then
+    /// mirrors the cluster, for this replica's headers, metrics and console.
+    pub fn observe(
+        &mut self,
+        tenant: &TenantId,
+        day: Spend,
+        month: Spend,
+        reserved: Spend,
+        now: i64,
+    ) {
+        let a = self.account(tenant, now);
+        a.windows[Account::slot(Period::Day)].1 = day;
+        a.windows[Account::slot(Period::Month)].1 = month;
+        a.reserved = reserved;
     }
 
     /// Settles a reservation of `est` with what the request `actual`ly spent (counted in the

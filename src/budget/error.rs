@@ -39,6 +39,11 @@ pub enum Error {
     /// The estimate does not fit what is left of a budget.
     #[error("{}", message(.0))]
     Exhausted(Exhausted),
+    /// Cluster mode: Redis, which holds the budgets, did not answer; budgets fail closed.
+    #[error(
+        "the budget store is unreachable, so budgeted requests are refused for now; retry shortly"
+    )]
+    Unavailable,
 }
 
 fn amount(unit: Unit, v: u64) -> String {
@@ -65,23 +70,36 @@ fn message(e: &Exhausted) -> String {
 
 impl ApiError for Error {
     fn status(&self) -> StatusCode {
-        StatusCode::TOO_MANY_REQUESTS
+        match self {
+            Error::Exhausted(_) => StatusCode::TOO_MANY_REQUESTS,
+            Error::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        }
     }
     fn kind(&self) -> &'static str {
-        "insufficient_quota"
+        match self {
+            Error::Exhausted(_) => "insufficient_quota",
+            Error::Unavailable => "server_error",
+        }
     }
     fn code(&self) -> &'static str {
-        "insufficient_quota"
+        match self {
+            Error::Exhausted(_) => "insufficient_quota",
+            Error::Unavailable => "budget_store_unavailable",
+        }
     }
     fn limit(&self) -> Option<Limit> {
         Some(Limit::Budget)
     }
     fn retry_after(&self) -> Option<Duration> {
-        let Error::Exhausted(e) = self;
-        Some(Duration::from_secs(e.resets_in))
+        match self {
+            Error::Exhausted(e) => Some(Duration::from_secs(e.resets_in)),
+            Error::Unavailable => Some(Duration::from_secs(1)),
+        }
     }
     fn headers(&self) -> Vec<(HeaderName, HeaderValue)> {
-        let Error::Exhausted(e) = self;
+        let Error::Exhausted(e) = self else {
+            return Vec::new();
+        };
         let mut h = remaining_headers(e.remaining);
         h.push((
             HeaderName::from_static("x-should-retry"),
@@ -90,7 +108,10 @@ impl ApiError for Error {
         h
     }
     fn reason(&self) -> Reason {
-        Reason::Budget
+        match self {
+            Error::Exhausted(_) => Reason::Budget,
+            Error::Unavailable => Reason::BudgetStore,
+        }
     }
     fn never_sent(&self) -> bool {
         true

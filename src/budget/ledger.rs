@@ -78,10 +78,25 @@ impl Query {
 /// Error of a sink (its message; never a key or a prompt).
 pub type SinkError = String;
 
+/// One flush: the rows to add, and (cluster mode) the shared reservations it settles.
+#[derive(Clone, Debug, Default)]
+pub struct Batch {
+    /// Unique per batch (a retried batch keeps it: Redis applies it once).
+    pub id: String,
+    /// Rows to add.
+    pub rows: Vec<(RowKey, Row)>,
+    /// (tenant, reservation) settled by this batch (`budget::redis`; ignored elsewhere).
+    pub released: Vec<(String, String)>,
+}
+
 /// Where the ledger is kept: SQLite (`[store]`), Redis (`[cluster]`), or memory.
 pub trait Sink: Send + Sync + 'static {
     /// Adds `rows` to what is stored (one transaction).
     fn write(&self, rows: Vec<(RowKey, Row)>) -> BoxFuture<'_, Result<(), SinkError>>;
+    /// Adds a batch (one transaction; by default its rows alone).
+    fn write_batch(&self, batch: Batch) -> BoxFuture<'_, Result<(), SinkError>> {
+        self.write(batch.rows)
+    }
     /// The stored rows `q` asks for, sorted by key.
     fn read(&self, q: Query) -> BoxFuture<'_, Result<Vec<(RowKey, Row)>, SinkError>>;
     /// Deletes rows of days before `day`.

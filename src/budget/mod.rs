@@ -7,11 +7,14 @@
 //! the provider's usage into money; [`spending`] is the shell (the shared state, each
 //! generation's limits, the request's [`Reservation`]); [`ledger`] keeps the rows in memory
 //! until they are flushed, in batches, to a [`ledger::Sink`]. A spent budget is [`Error`].
+//! With `[cluster]`, [`redis`] holds the spend, every replica's reservations and the ledger
+//! (the book then mirrors what Redis counted), and budgets fail closed while it is unreachable.
 
 pub mod book;
 mod error;
 pub mod ledger;
 pub mod price;
+pub mod redis;
 pub mod spending;
 pub mod sqlite;
 pub mod window;

@@ -9,13 +9,15 @@
 //! calendar dates), read through a [`Clock`] that tests replace.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::book::{Book, Limit, Remaining, Spend, Unit};
 use super::error::Error;
-use super::ledger::{MemorySink, Pending, Query, Row, RowKey, Sink};
+use super::ledger::{Batch, MemorySink, Pending, Query, Row, RowKey, Sink};
 use super::price::{Price, Prices, Used};
+use super::redis::Shared;
 use super::window::{date_of, day_string, window};
 use crate::config::{BudgetConfig, Config};
 use crate::domain::{Charge, Period, TenantId, Usd, Zone};
@@ -39,6 +41,14 @@ pub struct Spending {
     zone: Zone,
     pending: Pending,
     sink: Arc<dyn Sink>,
+    /// Cluster mode: the budgets shared in Redis (also the `sink`); the book then mirrors it.
+    shared: Option<Arc<Shared>>,
+    /// Cluster mode: reservations settled here, deleted in Redis by the next flush.
+    released: Mutex<Vec<(String, String)>>,
+    /// A batch whose write failed, sent again as it is (same id) before any other.
+    retry: Mutex<Option<Batch>>,
+    batches: AtomicU64,
+    nonce: u32,
     /// Held through a flush (take and write), so a flush that finds nothing pending also waits
     /// for one still writing (shutdown's last flush returns once everything is written).
     flushing: tokio::sync::Mutex<()>,
@@ -58,11 +68,30 @@ impl std::fmt::Debug for Spending {
 impl Spending {
     /// Spending counted in `zone`, its ledger kept by `sink`, the time read from `clock`.
     pub fn new(zone: Zone, sink: Arc<dyn Sink>, clock: Clock) -> Arc<Self> {
+        Self::build(zone, sink, None, clock)
+    }
+
+    /// Spending shared by the replicas of a cluster through `shared` (budgets and ledger).
+    pub fn shared(zone: Zone, shared: Arc<Shared>, clock: Clock) -> Arc<Self> {
+        Self::build(zone, shared.clone(), Some(shared), clock)
+    }
+
+    fn build(
+        zone: Zone,
+        sink: Arc<dyn Sink>,
+        shared: Option<Arc<Shared>>,
+        clock: Clock,
+    ) -> Arc<Self> {
         Arc::new(Self {
             book: Mutex::new(Book::new(zone.clone())),
             zone,
             pending: Pending::default(),
             sink,
+            shared,
+            released: Mutex::default(),
+            retry: Mutex::default(),
+            batches: AtomicU64::new(0),
+            nonce: rand::random(),
             flushing: tokio::sync::Mutex::new(()),
             clock,
             warnings: Mutex::default(),
@@ -70,8 +99,16 @@ impl Spending {
     }
 
     /// The spending `config` asks for: counted in `[store] timezone` (UTC without `[store]`),
-    /// the wall clock, the ledger in `[store] path` (in memory without `[store]`).
-    pub fn for_config(config: &Config) -> Result<Arc<Self>, String> {
+    /// the wall clock, the budgets and ledger in `shared` (cluster mode), else the ledger in
+    /// `[store] path` (in memory without `[store]`).
+    pub fn for_config(config: &Config, shared: Option<Arc<Shared>>) -> Result<Arc<Self>, String> {
+        if let Some(shared) = shared {
+            let zone = match &config.store {
+                Some(s) => Zone::parse(&s.timezone)?,
+                None => Zone::default(),
+            };
+            return Ok(Self::shared(zone, shared, wall_clock()));
+        }
         let (zone, sink): (Zone, Arc<dyn Sink>) = match &config.store {
             Some(s) => (
                 Zone::parse(&s.timezone)?,
@@ -107,7 +144,11 @@ impl Spending {
 
     /// Reads this month's ledger back into the book (at startup, before serving): what was
     /// spent before a restart still counts.
+    /// In cluster mode there is nothing to restore: Redis holds the spend.
     pub async fn restore(&self) -> Result<(), String> {
+        if self.shared.is_some() {
+            return Ok(());
+        }
         let _no_flush = self.flushing.lock().await;
         let now = self.now();
         let month = window(&self.zone, Period::Month, now);
@@ -133,19 +174,48 @@ impl Spending {
         Ok(())
     }
 
-    /// Writes every pending ledger row to the sink in one batch (put back if that fails).
+    /// Writes every pending ledger row (and, in cluster mode, the reservations settled) to the
+    /// sink in one batch; a batch that fails is kept and sent again, as it is, first.
+    /// In cluster mode a flush is sent even when empty: it renews this replica's holder key.
     pub async fn flush(&self) -> Result<usize, String> {
         let _one_at_a_time = self.flushing.lock().await;
+        let retry = self.retry.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(b) = retry {
+            if let Err(e) = self.sink.write_batch(b.clone()).await {
+                *self.retry.lock().unwrap_or_else(|p| p.into_inner()) = Some(b);
+                return Err(e);
+            }
+        }
+        // Released first, rows second: a request settled meanwhile has its row in this batch
+        // whenever its release is (it adds its row first), so it is never counted nowhere.
+        let released =
+            std::mem::take(&mut *self.released.lock().unwrap_or_else(|p| p.into_inner()));
         let rows = self.pending.take();
         let n = rows.len();
-        if n == 0 {
+        if n == 0 && released.is_empty() && self.shared.is_none() {
             return Ok(0);
         }
-        if let Err(e) = self.sink.write(rows.clone()).await {
-            self.pending.put_back(rows);
+        let id = self.batches.fetch_add(1, Ordering::Relaxed);
+        let batch = Batch {
+            id: format!("{:08x}:{id}", self.nonce),
+            rows,
+            released,
+        };
+        if let Err(e) = self.sink.write_batch(batch.clone()).await {
+            *self.retry.lock().unwrap_or_else(|p| p.into_inner()) = Some(batch);
             return Err(e);
         }
         Ok(n)
+    }
+
+    fn retry_rows(&self) -> Vec<(RowKey, Row)> {
+        let r = self.retry.lock().unwrap_or_else(|p| p.into_inner());
+        r.as_ref().map(|b| b.rows.clone()).unwrap_or_default()
+    }
+
+    fn release(&self, tenant: &TenantId, field: String) {
+        let mut r = self.released.lock().unwrap_or_else(|p| p.into_inner());
+        r.push((tenant.to_string(), field));
     }
 
     /// The ledger rows `q` asks for: those written and those pending, added up.
@@ -153,7 +223,9 @@ impl Spending {
         // Not while a flush has rows in hand (neither pending nor stored yet).
         let _no_flush = self.flushing.lock().await;
         let stored = self.sink.read(q.clone()).await?;
-        Ok(super::ledger::merge(stored, self.pending.read(&q)))
+        let mut pending = self.pending.read(&q);
+        pending.extend(self.retry_rows().into_iter().filter(|(k, _)| q.wants(k)));
+        Ok(super::ledger::merge(stored, pending))
     }
 
     /// Deletes ledger rows older than `days` days.
@@ -164,7 +236,8 @@ impl Spending {
 
     /// Rows waiting for the next flush.
     pub fn pending_rows(&self) -> usize {
-        self.pending.len()
+        let retry = self.retry.lock().unwrap_or_else(|p| p.into_inner());
+        self.pending.len() + retry.as_ref().map_or(0, |b| b.rows.len())
     }
 
     /// What is left of `limits` for `tenant` now.
@@ -289,7 +362,7 @@ impl Budgets {
 
     /// Reserves a request's estimate (`est`: counted input, output cap) against every budget of
     /// `tenant`, priced as `model`; refused with the budget that cannot cover it.
-    pub fn reserve(
+    pub async fn reserve(
         &self,
         tenant: &TenantId,
         model: &str,
@@ -308,15 +381,26 @@ impl Budgets {
             }),
         };
         let mut remaining = Remaining::default();
+        let mut field = None;
         if let Some(l) = &limits {
-            let now = self.spending.now();
-            remaining = self
-                .spending
-                .book()
-                .reserve(tenant, l, est, now)
-                .map_err(Error::Exhausted)?;
+            let s = &self.spending;
+            match &s.shared {
+                Some(shared) => {
+                    let f = shared.field();
+                    remaining = s.reserve_shared(shared, tenant, l, est, &f).await?;
+                    field = Some(f);
+                }
+                None => {
+                    let now = s.now();
+                    remaining = s
+                        .book()
+                        .reserve(tenant, l, est, now)
+                        .map_err(Error::Exhausted)?;
+                }
+            }
         }
         Ok(Reservation {
+            field,
             spending: self.spending.clone(),
             tenant: tenant.clone(),
             model: model.to_owned(),
@@ -329,9 +413,62 @@ impl Budgets {
     }
 }
 
+impl Spending {
+    /// Reserves `est` in Redis as `field` (one retry after a failed call: the same field, so
+    /// it is reserved once); the book mirrors what Redis counted. Fails closed: Redis not
+    /// answering is [`Error::Unavailable`].
+    async fn reserve_shared(
+        &self,
+        shared: &Shared,
+        tenant: &TenantId,
+        limits: &[Limit],
+        est: Spend,
+        field: &str,
+    ) -> Result<Remaining, Error> {
+        let now = self.now();
+        let day = day_string(date_of(&self.zone, now));
+        let mut failed = false;
+        let mut counted = None;
+        for _ in 0..2 {
+            counted = shared
+                .reserve(tenant.as_str(), field, limits, est, &day)
+                .await;
+            if counted.is_some() {
+                break;
+            }
+            failed = true;
+        }
+        let Some(c) = counted else {
+            // The call may have run: its reservation is deleted by the next flush.
+            self.release(tenant, field.to_owned());
+            return Err(Error::Unavailable);
+        };
+        let mut book = self.book();
+        book.observe(tenant, c.day, c.month, c.reserved, now);
+        if c.admitted {
+            if let Ok(r) = book.reserve(tenant, limits, est, now) {
+                return Ok(r);
+            }
+            // Redis admitted what this book refuses (a day boundary between the two): Redis
+            // holds the reservation, so it stands.
+            book.observe(tenant, c.day, c.month, c.reserved.plus(est), now);
+            return Ok(book.remaining(tenant, limits, now));
+        }
+        if failed {
+            self.release(tenant, field.to_owned());
+        }
+        let refusal = book.refusal(tenant, limits, est, now);
+        Err(Error::Exhausted(
+            refusal.expect("a budgeted tenant has limits"),
+        ))
+    }
+}
+
 /// A request's reservation, from admission to its end; see the module docs.
 #[derive(Debug)]
 pub struct Reservation {
+    /// Cluster mode: its name in Redis.
+    field: Option<String>,
     spending: Arc<Spending>,
     tenant: TenantId,
     model: String,
@@ -398,6 +535,10 @@ impl Reservation {
                 cost,
             },
         );
+        // After the row (see `Spending::flush`).
+        if let Some(f) = self.field.take() {
+            s.release(&self.tenant, f);
+        }
     }
 }
 
@@ -405,6 +546,9 @@ impl Drop for Reservation {
     fn drop(&mut self) {
         if !self.settled && self.limits.is_some() {
             self.spending.book().refund(&self.tenant, self.est);
+        }
+        if let Some(f) = self.field.take() {
+            self.spending.release(&self.tenant, f);
         }
     }
 }

@@ -277,8 +277,9 @@ impl Link {
     }
 }
 
-/// The job store's connection: the same link (one connection, one degraded flag), with
-/// [`JOBS_TIMEOUT`].
+/// The job store's (and the budgets') connection: the same link (one connection, one degraded
+/// flag), with [`JOBS_TIMEOUT`]; `eval_fast` (a budget reservation, on the request path) within
+/// `timeout_ms`.
 impl crate::jobs::store::Redis for Link {
     fn key(&self, parts: &[&str]) -> String {
         Link::key(self, parts)
@@ -290,5 +291,13 @@ impl crate::jobs::store::Redis for Link {
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Option<redis::Value>> + Send + 'a>>
     {
         Box::pin(self.run_within(inv, JOBS_TIMEOUT))
+    }
+
+    fn eval_fast<'a>(
+        &'a self,
+        inv: &'a ScriptInvocation<'a>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Option<redis::Value>> + Send + 'a>>
+    {
+        Box::pin(self.run(inv))
     }
 }

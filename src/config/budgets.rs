@@ -152,13 +152,6 @@ pub(super) fn validate(c: &Config) -> Result<(), ConfigError> {
             &format!("tenants[{i}]"),
             t.budgets.as_deref().unwrap_or(&[]),
         )?;
-        if c.cluster.is_some() && !t.effective_budgets(c).is_empty() {
-            // Until budgets are shared through Redis, each replica would grant the whole budget.
-            return Err(invalid(
-                format!("tenants[{i}].budgets"),
-                "not available with [cluster] yet (each replica would grant the whole budget)",
-            ));
-        }
     }
     Ok(())
 }

@@ -123,6 +123,8 @@ pub enum Reason {
     ClientStalled,
     /// A spent day or month budget (`budget`).
     Budget,
+    /// Cluster mode: Redis, which holds the budgets, did not answer (they fail closed).
+    BudgetStore,
 }
 
 impl Reason {
@@ -159,6 +161,7 @@ impl Reason {
             Reason::StreamBudget => "stream_budget",
             Reason::ClientStalled => "client_stalled",
             Reason::Budget => "budget",
+            Reason::BudgetStore => "budget_store",
         }
     }
 

@@ -134,8 +134,24 @@ impl State {
             (None, _) => None,
         };
         let jobs = jobs.map(|j| j.with_max_line(config.server.max_body_bytes));
-        // The usage ledger of the budgets (`[store]`), kept across reloads.
-        let spending = crate::budget::Spending::for_config(&config).map_err(|message| {
+        // The budgets and the usage ledger, kept across reloads: in Redis with `[cluster]`
+        // (shared by the replicas; a reservation lives while its replica's holder key does,
+        // renewed by every flush), else `[store]`.
+        let shared = linked.as_ref().map(|(link, _)| {
+            let store = config.store.clone().unwrap_or_default();
+            let ttl = config
+                .cluster
+                .as_ref()
+                .map_or(0, |c| c.lease_ttl_ms)
+                .max(store.flush_ms.saturating_mul(3));
+            Arc::new(crate::budget::redis::Shared::new(
+                link.clone(),
+                &link.replica,
+                ttl,
+                store.usage_retention_days,
+            ))
+        });
+        let spending = crate::budget::Spending::for_config(&config, shared).map_err(|message| {
             ConfigError::Invalid {
                 key: "store.path".to_owned(),
                 message,

@@ -1,5 +1,6 @@
 //! Cluster mode end to end: a real `redis-server` (started here on a free port, killed on drop),
 //! three fairgate replicas on port 0 and the bundled mock upstream. One file per topic:
+//! `budgets` (spend budgets and the usage ledger across replicas),
 //! `leases` (pool capacity across replicas), `endpoints` (a pool's endpoints across replicas),
 //! `fairness` (weights and shares across replicas), `limits` (tenant rate and token limits),
 //! `degraded` (Redis away, stalled or cut off from one replica), `replicas` (replica identity
@@ -9,6 +10,7 @@
 //! cannot install it opts out explicitly with `FAIRGATE_SKIP_REDIS=1` (they then pass as skipped
 //! with a message). Loops are bounded; no assertion is on wall-clock time.
 
+mod budgets;
 mod degraded;
 mod endpoints;
 mod fairness;

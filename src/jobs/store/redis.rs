@@ -52,6 +52,14 @@ pub trait Redis: Send + Sync + Debug {
         &'a self,
         inv: &'a ScriptInvocation<'a>,
     ) -> Pin<Box<dyn Future<Output = Option<Value>> + Send + 'a>>;
+    /// Runs a script on the request path (`cluster::Link`: within `[cluster] timeout_ms`, not
+    /// the job store's longer timeout); by default as [`Redis::eval`].
+    fn eval_fast<'a>(
+        &'a self,
+        inv: &'a ScriptInvocation<'a>,
+    ) -> Pin<Box<dyn Future<Output = Option<Value>> + Send + 'a>> {
+        self.eval(inv)
+    }
 }
 
 /// The Redis job store (cheap to clone).
