@@ -13,7 +13,7 @@ use std::process::Command;
 
 use fairgate::config::Config;
 
-use crate::support::needs::{HADOLINT, HELM, KUBERNETES_VALIDATE};
+use crate::support::needs::{Need, HADOLINT, HELM, KUBERNETES_VALIDATE};
 
 /// The `config.toml: |` block of a manifest, unindented.
 fn configmap_toml(yaml: &str) -> String {
@@ -29,27 +29,42 @@ fn configmap_toml(yaml: &str) -> String {
         .join("\n")
 }
 
-#[test]
-fn kubernetes_manifests_validate_and_their_configs_pass_check() {
+/// Runs a checker of `tests/k8s/` on `target` with the fairgate binary; its summary line, or None
+/// when the tool it needs is missing (its exit 2, or no python3: `need` then reports it).
+fn python_check(script: &str, target: &str, need: &Need) -> Option<String> {
     let out = Command::new("python3")
-        .args(["tests/k8s/validate.py", "--fairgate"])
+        .arg(script)
+        .arg("--fairgate")
         .arg(env!("CARGO_BIN_EXE_fairgate"))
-        .arg("deploy/k8s")
+        .arg(target)
         .output();
     let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
-    // No python3, or validate.py's exit 2: the validator package is missing.
     let out = match out {
         Ok(out) if out.status.code() != Some(2) => out,
-        Ok(out) => return KUBERNETES_VALIDATE.missing_because(&text(&out.stderr)),
-        Err(e) => return KUBERNETES_VALIDATE.missing_because(&format!("python3: {e}")),
+        Ok(out) => {
+            need.missing_because(&text(&out.stderr));
+            return None;
+        }
+        Err(e) => {
+            need.missing_because(&format!("python3: {e}"));
+            return None;
+        }
     };
     assert!(
         out.status.success(),
-        "deploy/k8s does not validate:\n{}{}",
+        "{target} does not pass {script}:\n{}{}",
         text(&out.stderr),
         text(&out.stdout)
     );
-    let summary = text(&out.stdout);
+    Some(text(&out.stdout))
+}
+
+#[test]
+fn kubernetes_manifests_validate_and_their_configs_pass_check() {
+    let Some(summary) = python_check("tests/k8s/validate.py", "deploy/k8s", &KUBERNETES_VALIDATE)
+    else {
+        return;
+    };
     let checked: usize = summary
         .split_whitespace()
         .next()
@@ -60,24 +75,9 @@ fn kubernetes_manifests_validate_and_their_configs_pass_check() {
 
 #[test]
 fn helm_chart_lints_and_renders_manifests_that_validate() {
-    let out = Command::new("python3")
-        .args(["tests/k8s/helm.py", "--fairgate"])
-        .arg(env!("CARGO_BIN_EXE_fairgate"))
-        .arg("deploy/helm/fairgate")
-        .output();
-    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
-    let out = match out {
-        Ok(out) if out.status.code() != Some(2) => out,
-        Ok(out) => return HELM.missing_because(&text(&out.stderr)),
-        Err(e) => return HELM.missing_because(&format!("python3: {e}")),
+    let Some(summary) = python_check("tests/k8s/helm.py", "deploy/helm/fairgate", &HELM) else {
+        return;
     };
-    assert!(
-        out.status.success(),
-        "deploy/helm/fairgate does not lint, render or validate:\n{}{}",
-        text(&out.stderr),
-        text(&out.stdout)
-    );
-    let summary = text(&out.stdout);
     assert!(
         summary.contains("2 shapes rendered") && summary.contains(" 0 failed"),
         "{summary}"
