@@ -166,6 +166,32 @@ mod tests {
         ))
     }
 
+    /// `[store] path` holds the jobs too; `[jobs] path`, the older spelling, still wins when set.
+    #[test]
+    fn jobs_are_stored_in_the_store_path_unless_jobs_path_is_set() {
+        let jobs = |extra: &str| parse(extra).unwrap().jobs.unwrap().path;
+        assert_eq!(jobs("[jobs]\n"), PathBuf::from("fairgate-jobs.sqlite"));
+        assert_eq!(
+            jobs("[store]\npath = \"s.sqlite\"\n[jobs]\n"),
+            PathBuf::from("s.sqlite")
+        );
+        assert_eq!(
+            jobs("[store]\n[jobs]\n"),
+            PathBuf::from("fairgate.sqlite"),
+            "[store]'s default path"
+        );
+        assert_eq!(
+            jobs("[store]\npath = \"s.sqlite\"\n[jobs]\npath = \"j.sqlite\"\n"),
+            PathBuf::from("j.sqlite")
+        );
+        assert_eq!(
+            jobs("[jobs]\npath = \"j.sqlite\"\n"),
+            PathBuf::from("j.sqlite")
+        );
+        let e = parse("[jobs]\npath = \"\"\n").unwrap_err().to_string();
+        assert!(e.starts_with("jobs.path"), "{e}");
+    }
+
     #[test]
     fn budgets_prices_and_the_store_parse_with_their_defaults() {
         let c = parse(

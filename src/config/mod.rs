@@ -72,7 +72,7 @@ impl Config {
     /// Parses and validates TOML text. Errors name the key path, e.g. `tenants[0].wieght`.
     pub fn from_toml_str(text: &str) -> Result<Config, ConfigError> {
         let de = toml::Deserializer::parse(text).map_err(|e| ConfigError::Parse(at(text, &e)))?;
-        let config: Config = serde_path_to_error::deserialize(de).map_err(|e| {
+        let mut config: Config = serde_path_to_error::deserialize(de).map_err(|e| {
             let path = e.path().to_string();
             let inner = redact(e.into_inner().message().trim());
             ConfigError::Parse(if path == "." {
@@ -81,8 +81,20 @@ impl Config {
                 format!("{path}: {inner}")
             })
         })?;
+        config.resolve_jobs_path();
         validate(&config)?;
         Ok(config)
+    }
+
+    /// Where jobs are stored: `[jobs] path` (the older spelling) when set, else `[store] path`
+    /// with `[store]` (the one file for durable state), else the default `fairgate-jobs.sqlite`.
+    fn resolve_jobs_path(&mut self) {
+        let store = self.store.as_ref().map(|s| s.path.clone());
+        if let Some(j) = &mut self.jobs {
+            if let Some(p) = j.path_set.clone().or(store) {
+                j.path = p;
+            }
+        }
     }
 
     /// Every `*_env` key whose variable is unset, as errors naming the key.

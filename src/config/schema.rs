@@ -75,8 +75,14 @@ pub struct Config {
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct JobsConfig {
-    /// The SQLite file holding jobs, files and results (created on first use); not used with
+    /// `[jobs] path` as written (the older spelling of `[store] path`, still accepted).
+    #[serde(rename = "path")]
+    pub path_set: Option<PathBuf>,
+    /// The SQLite file holding jobs, files and results (created on first use): `[jobs] path`
+    /// when set, else `[store] path` with `[store]` (one file for all durable state), else
+    /// `fairgate-jobs.sqlite`; resolved by [`super::Config::from_toml_str`]. Not used with
     /// `[cluster]` (jobs live in Redis).
+    #[serde(skip)]
     pub path: PathBuf,
     /// Jobs (batch lines and async requests) of one tenant running through the stack at once.
     pub max_inflight_per_tenant: usize,
@@ -104,6 +110,7 @@ pub struct JobsConfig {
 impl Default for JobsConfig {
     fn default() -> Self {
         Self {
+            path_set: None,
             path: PathBuf::from("fairgate-jobs.sqlite"),
             max_inflight_per_tenant: 4,
             retention_hours: 24,

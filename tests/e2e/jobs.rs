@@ -114,6 +114,40 @@ async fn respond_async_answers_202_then_the_synchronous_answer_to_its_tenant_onl
     );
 }
 
+/// `[store] path` is the one file for durable state: `[jobs]` without a `path` stores its jobs
+/// there, beside the usage ledger (`[jobs] path`, the older spelling, still wins when set).
+#[tokio::test]
+async fn jobs_without_a_path_live_in_the_store_file_beside_the_usage_ledger() {
+    let mock = mock().await;
+    let store = db();
+    let proxy = Conf::new(&mock.base_url())
+        .set("store.path", store.as_str())
+        .set("store.flush_ms", 50)
+        .set("jobs.max_inflight_per_tenant", 4)
+        .start()
+        .await;
+    let r = chat_as(proxy.addr, KEY_A, &[ASYNC]).await;
+    assert_eq!(r.status, 202, "{}", String::from_utf8_lossy(&r.body));
+    let location = r.headers["location"].to_str().unwrap().to_owned();
+    let done = wait_done(proxy.addr, &location, KEY_A).await;
+    assert_eq!(done.status, 200);
+    proxy.shutdown();
+    proxy.join().await.unwrap();
+    let db = rusqlite::Connection::open(&store).unwrap();
+    let count = |sql: &str| -> i64 { db.query_row(sql, [], |r| r.get(0)).unwrap() };
+    assert_eq!(
+        count("SELECT count(*) FROM jobs"),
+        1,
+        "the job is in [store] path"
+    );
+    assert_eq!(
+        count("SELECT sum(requests) FROM usage_ledger"),
+        1,
+        "and so is the ledger"
+    );
+    let _ = std::fs::remove_file(&store);
+}
+
 #[tokio::test]
 async fn stream_with_respond_async_is_a_400_that_says_why() {
     let mock = mock().await;
