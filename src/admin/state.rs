@@ -5,7 +5,8 @@
 //! upstream 429 rate, cluster degraded state (and, with `timeline=1`, its timeline of shares).
 //! Per (pool, tenant) row: plan and weight, entitled vs served share over the rolling window,
 //! queue depth, oldest wait, p50/p95 queue wait, in flight, tokens/s, estimate error, refusals
-//! by reason. Rows are sorted by who is furthest below their entitlement (entitled − served,
+//! by reason, and its spend against each of its budgets ([`budgets`]: spent, reserved by
+//! requests in flight, left; USD in dollars; `null` for a tenant without budgets). Rows are sorted by who is furthest below their entitlement (entitled − served,
 //! largest first), filtered by `q` (a case-insensitive substring of the tenant id).
 //!
 //! Entitlement is max-min fair (water-filling) over the rolling window: a tenant that is not
@@ -278,8 +279,43 @@ impl super::Layer {
             "tokens_per_s": r.served as f64 / WINDOW_SECS as f64,
             "estimate_error": stats.mean_ratio(),
             "refusals": refusals,
+            "budgets": budgets(&self.admission.budgets, &r.tenant),
         })
     }
+}
+
+/// A tenant's spend against each of its budgets, in their configured order (`null`: none).
+/// Tokens as counts, USD in dollars. With `[cluster]`, what Redis counted at this replica's
+/// last reservation for the tenant, updated by what it settled since.
+pub fn budgets(b: &crate::budget::Budgets, tenant: &crate::domain::TenantId) -> Value {
+    use crate::budget::Unit;
+    let Some(limits) = b.limits(tenant) else {
+        return Value::Null;
+    };
+    let spending = b.spending();
+    let left = spending.left(tenant, limits);
+    let reserved = spending.reserved(tenant);
+    let show = |unit: Unit, v: u64| match unit {
+        Unit::Tokens => json!(v),
+        Unit::Usd => json!(crate::domain::Usd(v).dollars()),
+    };
+    let rows: Vec<Value> = limits
+        .iter()
+        .zip(left)
+        .map(|(l, left)| {
+            let spent = spending.spent(tenant, l.period).of(l.unit);
+            json!({
+                "period": l.period.name(),
+                "unit": l.unit.name(),
+                "amount": show(l.unit, l.amount),
+                "spent": show(l.unit, spent),
+                "reserved": show(l.unit, reserved.of(l.unit)),
+                "left": show(l.unit, left),
+                "used_share": if l.amount > 0 { spent as f64 / l.amount as f64 } else { 1.0 },
+            })
+        })
+        .collect();
+    json!(rows)
 }
 
 /// One row per endpoint of a pool: its state, load, learned limit and counters.

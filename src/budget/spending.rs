@@ -253,6 +253,12 @@ impl Spending {
         limits.iter().map(|l| book.left(tenant, l, now)).collect()
     }
 
+    /// Reserved by `tenant`'s requests in flight (cluster mode: on every replica, as last
+    /// counted).
+    pub fn reserved(&self, tenant: &TenantId) -> Spend {
+        self.book().reserved(tenant)
+    }
+
     /// Spent by `tenant` in the `period` window now.
     pub fn spent(&self, tenant: &TenantId, period: Period) -> Spend {
         let now = self.now();

@@ -5,7 +5,8 @@
 //! noisy-neighbour load: `/admin/ui#token=…` lists every tenant without a prompt and drops the
 //! fragment from the address bar, the flood tenant's served share is shown near its entitlement,
 //! values change between two reads, a wrong token shows an error and the form, the form with the
-//! right token opens the view, a reload keeps it (sessionStorage).
+//! right token opens the view, a reload keeps it (sessionStorage). Each tenant's spend against its
+//! budgets is in `/admin/state` and shown per row (spent / amount this period).
 //!
 //! Without chromium and chromedriver the browser test fails naming the packages, unless
 //! `FAIRGATE_SKIP_BROWSER=1`. With `FAIRGATE_CONSOLE_SCREENSHOT=PATH` it also writes a
@@ -340,4 +341,134 @@ async fn the_console_shows_the_live_shares_in_a_real_browser() {
     for l in loops {
         l.await.unwrap();
     }
+}
+
+/// The admin API on, tenant `a` with a day budget of 1,000 tokens and a month budget of $1
+/// (gpt-4o-mini priced), tenant `b` with none; `a` has spent three requests. Returns the proxy,
+/// its token, and the tokens and dollars the mock reported for `a`.
+async fn budgeted() -> (
+    fairgate_mock::MockServer,
+    fairgate::server::ServerHandle,
+    String,
+    u64,
+    f64,
+) {
+    let mock = mock().await;
+    let var = unique_env("CONSOLE");
+    let token = format!("console-{}", rand::random::<u64>());
+    let mut day = toml::Table::new();
+    day.insert("period".into(), "day".into());
+    day.insert("tokens".into(), 1000.into());
+    let mut month = toml::Table::new();
+    month.insert("period".into(), "month".into());
+    month.insert("usd".into(), 1.0.into());
+    let proxy = Conf::new(&mock.base_url())
+        .set("admin.token_env", &var)
+        .set("prices.gpt-4o-mini.input", 0.15)
+        .set("prices.gpt-4o-mini.output", 0.60)
+        .tenant("a", "budgets", vec![day, month])
+        .start_with_env(&[(&var, &token)])
+        .await;
+    let (mut tokens, mut usd) = (0, 0.0);
+    for _ in 0..3 {
+        let r = send(post(
+            proxy.addr,
+            "/v1/chat/completions",
+            Some(KEY_A),
+            &body(),
+            &[],
+        ))
+        .await;
+        assert_eq!(r.status, 200);
+        let u = &r.json()["usage"];
+        let (i, o) = (
+            u["prompt_tokens"].as_u64().unwrap(),
+            u["completion_tokens"].as_u64().unwrap(),
+        );
+        tokens += i + o;
+        usd += (i as f64 * 0.15 + o as f64 * 0.60) / 1e6;
+    }
+    (mock, proxy, token, tokens, usd)
+}
+
+#[tokio::test]
+async fn the_state_shows_each_tenants_spend_against_its_budgets() {
+    let (_mock, proxy, token, tokens, usd) = budgeted().await;
+    let v = get(proxy.addr, "/admin/state", Some(&token)).await.json();
+    let row = |t: &str| {
+        v["tenants"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["tenant"] == t)
+            .unwrap_or_else(|| panic!("{t} not listed: {v}"))
+            .clone()
+    };
+    let a = row("a");
+    let b = &a["budgets"];
+    assert_eq!(b.as_array().map(Vec::len), Some(2), "{a}");
+    assert_eq!(
+        (&b[0]["period"], &b[0]["unit"]),
+        (&json!("day"), &json!("tokens"))
+    );
+    assert_eq!(b[0]["amount"], 1000);
+    assert_eq!(b[0]["spent"], tokens);
+    assert_eq!(b[0]["reserved"], 0, "nothing in flight");
+    assert_eq!(b[0]["left"], 1000 - tokens);
+    assert_eq!(
+        (&b[1]["period"], &b[1]["unit"]),
+        (&json!("month"), &json!("usd"))
+    );
+    assert_eq!(b[1]["amount"], 1.0);
+    let spent = b[1]["spent"].as_f64().unwrap();
+    assert!((spent - usd).abs() < 1e-12, "{spent} vs {usd}");
+    assert_eq!(row("b")["budgets"], serde_json::Value::Null);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_shows_each_tenants_spend_against_its_budgets_in_a_real_browser() {
+    let Some(driver) = webdriver::Driver::start().await else {
+        return;
+    };
+    let (_mock, proxy, token, tokens, _usd) = budgeted().await;
+    driver
+        .goto(&format!("http://{}/admin/ui#token={token}", proxy.addr))
+        .await;
+    let day = "document.querySelector('#rows tr[data-tenant=a] .budget[data-period=day]')";
+    assert!(
+        driver
+            .wait_for(&format!("return {day} !== null"), 100)
+            .await,
+        "no budget shown for a: {}",
+        driver
+            .eval("return document.body.innerText", json!([]))
+            .await
+    );
+    let text = driver
+        .eval(&format!("return {day}.innerText"), json!([]))
+        .await;
+    let share = 100.0 * tokens as f64 / 1000.0;
+    assert_eq!(
+        text,
+        format!("day {tokens} / 1000 tokens ({share:.1}%)"),
+        "the day budget's spend"
+    );
+    let month = driver
+        .eval(
+            "return document.querySelector('#rows tr[data-tenant=a] .budget[data-period=month]').innerText",
+            json!([]),
+        )
+        .await;
+    assert!(
+        month.as_str().unwrap().starts_with("month $0.00 / $1.00"),
+        "{month}"
+    );
+    let none = driver
+        .eval(
+            "return document.querySelectorAll('#rows tr[data-tenant=b] .budget').length",
+            json!([]),
+        )
+        .await;
+    assert_eq!(none, 0, "b has no budget");
+    driver.quit().await;
 }
