@@ -18,6 +18,7 @@
 //!   once, here, to ask for usage ([`Estimate::strip_usage`] tells `usage` to remove that chunk).
 //! - Locks (cache, history, stats) are short, leaf-level, and never held across `.await`.
 
+pub mod bpe;
 mod layer;
 mod learn;
 mod request;

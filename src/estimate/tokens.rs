@@ -1,8 +1,11 @@
 //! Counting text with a tiktoken encoding, with a bounded CPU cost and a content-hash cache.
 //!
 //! Invariants:
-//! - BPEs are tiktoken-rs's process-wide singletons: each encoding is loaded once, lazily, on
-//!   first use, and shared (`&'static`) by every request.
+//! - Encodings are process-wide singletons, each loaded once, lazily, on first use, and shared
+//!   (`&'static`) by every request: the o200k encodings by fairgate's counting-only [`bpe`]
+//!   (a few MiB instead of tiktoken-rs's ~38), the others by tiktoken-rs's own.
+//!
+//! [`bpe`]: super::bpe
 //! - A request counts at most its [`Budget`] of text bytes exactly. Text past the budget is
 //!   extrapolated at the bytes-per-token ratio measured on the exactly counted prefix of the same
 //!   string (or, with no prefix, on everything counted so far in the request, or 4 bytes/token).
@@ -18,9 +21,12 @@
 //!   ~2 µs in tiktoken (its pre-split regex runs per call), a hash and lookup ~0.1 µs.
 
 use std::hash::BuildHasher;
-use std::sync::Mutex;
+use std::sync::{LazyLock, Mutex};
 
+use tiktoken_rs::tokenizer::Tokenizer;
 use tiktoken_rs::CoreBPE;
+
+use super::bpe::Bpe;
 
 /// Longest piece handed to BPE at once (see the module docs).
 pub const CHUNK_BYTES: usize = 2048;
@@ -30,10 +36,40 @@ pub const CACHE_MIN_BYTES: usize = 1;
 
 pub use crate::domain::Encoding;
 
+/// What counts an encoding's tokens.
+#[derive(Clone, Copy)]
+pub enum Counting {
+    /// fairgate's counting-only o200k BPE.
+    O200k(&'static Bpe),
+    /// tiktoken-rs's BPE (every other encoding).
+    Tiktoken(&'static CoreBPE),
+}
+
+impl Counting {
+    /// Tokens in `text` (as tiktoken's `encode_ordinary`).
+    pub fn count(self, text: &str) -> u64 {
+        match self {
+            Counting::O200k(b) => b.count(text),
+            Counting::Tiktoken(b) => b.encode_ordinary(text).len() as u64,
+        }
+    }
+}
+
+static O200K: LazyLock<Bpe> = LazyLock::new(Bpe::o200k);
+
 impl Encoding {
-    /// The shared BPE (loaded on first use).
+    /// tiktoken-rs's shared BPE of this encoding (loaded on first use); counting goes through
+    /// [`Encoding::counting`].
     pub fn bpe(self) -> &'static CoreBPE {
         tiktoken_rs::bpe_for_tokenizer(self.0).expect("bundled encodings always load")
+    }
+
+    /// What counts this encoding (loaded on first use).
+    pub fn counting(self) -> Counting {
+        match self.0 {
+            Tokenizer::O200kBase | Tokenizer::O200kHarmony => Counting::O200k(&O200K),
+            _ => Counting::Tiktoken(self.bpe()),
+        }
     }
 }
 
@@ -139,7 +175,7 @@ fn floor_char_boundary(s: &str, mut i: usize) -> usize {
 }
 
 /// Token count of `text`, encoded in chunks of at most [`CHUNK_BYTES`] (see the module docs).
-pub fn encode_len(bpe: &CoreBPE, mut text: &str) -> u64 {
+pub fn encode_len(bpe: Counting, mut text: &str) -> u64 {
     let mut n = 0;
     while text.len() > CHUNK_BYTES {
         let limit = floor_char_boundary(text, CHUNK_BYTES);
@@ -147,10 +183,10 @@ pub fn encode_len(bpe: &CoreBPE, mut text: &str) -> u64 {
             .rfind(char::is_whitespace)
             .filter(|&i| i > 0)
             .unwrap_or(limit);
-        n += bpe.encode_ordinary(&text[..cut]).len() as u64;
+        n += bpe.count(&text[..cut]);
         text = &text[cut..];
     }
-    n + bpe.encode_ordinary(text).len() as u64
+    n + bpe.count(text)
 }
 
 /// Counts `text`, within `budget`, through `cache`; see the module docs.
@@ -172,7 +208,7 @@ pub fn count(enc: Encoding, text: &str, budget: &mut Budget, cache: Option<&Cach
         }
     }
     let exact_len = floor_char_boundary(text, budget.remaining);
-    let exact = encode_len(enc.bpe(), &text[..exact_len]);
+    let exact = encode_len(enc.counting(), &text[..exact_len]);
     budget.remaining -= exact_len;
     budget.counted_bytes += exact_len as u64;
     budget.counted_tokens += exact;
@@ -227,7 +263,7 @@ mod tests {
     fn chunking_keeps_ordinary_counts() {
         let text = "The quick brown fox jumps over the lazy dog. ".repeat(500);
         let whole = Encoding::O200K.bpe().encode_ordinary(&text).len() as u64;
-        let chunked = encode_len(Encoding::O200K.bpe(), &text);
+        let chunked = encode_len(Encoding::O200K.counting(), &text);
         assert_eq!(chunked, whole);
     }
 
@@ -239,7 +275,7 @@ mod tests {
         assert!(n.extrapolated && b.extrapolated);
         // Exactly 64 KiB were counted; the estimate scales to the full length.
         assert_eq!(b.counted_bytes, 64 * 1024);
-        let exact_prefix = encode_len(Encoding::O200K.bpe(), &word[..64 * 1024]);
+        let exact_prefix = encode_len(Encoding::O200K.counting(), &word[..64 * 1024]);
         let ratio = (64 * 1024) as f64 / exact_prefix as f64;
         let expected = (word.len() as f64 / ratio) as u64;
         assert!(
