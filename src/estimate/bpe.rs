@@ -196,10 +196,10 @@ impl Bpe {
             })
             .collect();
         let mut heap = BinaryHeap::with_capacity(n);
-        for i in 0..n - 1 {
+        for (i, part) in parts.iter_mut().enumerate().take(n - 1) {
             let r = self.pair(piece, i, i + 2);
             if r != Rank::MAX {
-                parts[i].next_rank = r;
+                part.next_rank = r;
                 heap.push(Reverse((r, i)));
             }
         }
