@@ -112,9 +112,11 @@ where
                 });
             }
             let path = req.uri().path();
+            // The jobs endpoints and a stored job are boxed on their own: inline, their
+            // futures (the store's) would size every request's future, queued ones included.
             if api::is_jobs_path(path) {
                 let jobs = jobs.ok_or(Error::Disabled)?;
-                return api::handle(&jobs, &*requests, req).await;
+                return Box::pin(async move { api::handle(&jobs, &*requests, req).await }).await;
             }
             let prefer = Prefer::of(req.headers());
             let endpoint = Endpoint::of_path(path);
@@ -126,23 +128,35 @@ where
             ) else {
                 return inner.call(req).await;
             };
-            let ctx = crate::context::of(&req)?;
-            if ctx.request()?.stream {
-                return Err(Error::Stream.into());
-            }
-            if !prefer.wait {
-                return accept(&jobs, &ctx, &req).await;
-            }
-            // `wait`: synchronously if admitted; a job instead of a full-queue or deadline
-            // refusal.
-            let (parts, body) = req.into_parts();
-            let copy = Request::from_parts(parts.clone(), body.clone());
-            match inner.call(Request::from_parts(parts, body)).await {
-                // A full queue or an unmeetable deadline (`Reason::deferrable`): a job waits.
-                Err(e) if e.reason().deferrable() => accept(&jobs, &ctx, &copy).await,
-                other => other,
-            }
+            Box::pin(respond_async(jobs, prefer, inner, req)).await
         })
+    }
+}
+
+/// A `respond-async` request: stored as a job, or with `wait` tried synchronously first.
+async fn respond_async<S>(
+    jobs: Jobs,
+    prefer: Prefer,
+    mut inner: S,
+    req: Request<Bytes>,
+) -> Result<Response<ResponseBody>, crate::Error>
+where
+    S: tower::Service<Request<Bytes>, Response = Response<ResponseBody>, Error = crate::Error>,
+{
+    let ctx = crate::context::of(&req)?;
+    if ctx.request()?.stream {
+        return Err(Error::Stream.into());
+    }
+    if !prefer.wait {
+        return accept(&jobs, &ctx, &req).await;
+    }
+    // `wait`: synchronously if admitted; a job instead of a full-queue or deadline refusal.
+    let (parts, body) = req.into_parts();
+    let copy = Request::from_parts(parts.clone(), body.clone());
+    match inner.call(Request::from_parts(parts, body)).await {
+        // A full queue or an unmeetable deadline (`Reason::deferrable`): a job waits.
+        Err(e) if e.reason().deferrable() => accept(&jobs, &ctx, &copy).await,
+        other => other,
     }
 }
 

@@ -10,9 +10,15 @@
 //! client_write_timeout_ms`): when its client stalls, the body is dropped (every slot released)
 //! and the connection is closed at once — the response in flight cannot be finished anyway.
 //!
+//! An HTTP/1 request's head is copied out of hyper's read buffer before the request goes on
+//! ([`compact_head`]): hyper hands out the header values and the URI as slices of that 8 KiB
+//! buffer, so a request waiting in the queue would keep it alive, and hyper would allocate a
+//! second one for its next read on the connection (issue 25: 8 KiB of a queued request's ~30).
+//!
 //! Invariants: graceful shutdown is started at most once; the idle timer is re-armed only when
 //! it fires (a request costs two atomic updates, not a timer update); a 408 on HTTP/1 carries
-//! `Connection: close` (the rest of that body is never read).
+//! `Connection: close` (the rest of that body is never read); a compacted head has the same
+//! headers (names, values, order, sensitivity) and URI as hyper's.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -97,12 +103,55 @@ impl hyper::service::Service<Request<Incoming>> for Tracked {
             .insert(crate::context::PeerAddr(self.entry.ip()));
         let busy = self.entry.begin();
         let h1 = req.version() < Version::HTTP_2;
+        if h1 {
+            compact_head(&mut req);
+        }
         TrackedFuture {
             inner: self.inner.call(req),
             busy: Some(busy),
             h1,
             timeout: self.inner.client_write_timeout(),
             abort: self.abort.clone(),
+        }
+    }
+}
+
+/// Copies the header values and the URI of `req` into one buffer of their size, so that none
+/// of them shares hyper's read buffer any more (see the module docs).
+pub fn compact_head<B>(req: &mut Request<B>) {
+    let uri_len = if req.uri().scheme().is_none() && req.uri().authority().is_none() {
+        req.uri().path_and_query().map_or(0, |p| p.as_str().len())
+    } else {
+        0
+    };
+    let values: usize = req.headers().values().map(|v| v.len()).sum();
+    let mut buf = bytes::BytesMut::with_capacity(values + uri_len);
+    for v in req.headers().values() {
+        buf.extend_from_slice(v.as_bytes());
+    }
+    if uri_len > 0 {
+        if let Some(p) = req.uri().path_and_query() {
+            buf.extend_from_slice(p.as_str().as_bytes());
+        }
+    }
+    let buf = buf.freeze();
+    let mut at = 0;
+    for v in req.headers_mut().values_mut() {
+        let len = v.len();
+        // The bytes were a valid value a moment ago: this cannot fail.
+        if let Ok(mut copy) = HeaderValue::from_maybe_shared(buf.slice(at..at + len)) {
+            copy.set_sensitive(v.is_sensitive());
+            *v = copy;
+        }
+        at += len;
+    }
+    if uri_len > 0 {
+        if let Ok(p) = http::uri::PathAndQuery::from_maybe_shared(buf.slice(at..at + uri_len)) {
+            let mut parts = http::uri::Parts::default();
+            parts.path_and_query = Some(p);
+            if let Ok(uri) = http::Uri::from_parts(parts) {
+                *req.uri_mut() = uri;
+            }
         }
     }
 }
@@ -169,5 +218,56 @@ impl Body for TrackedBody {
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A head whose values and URI are slices of one "read buffer", as hyper parses it.
+    fn head(read_buf: &bytes::Bytes) -> Request<()> {
+        let text = std::str::from_utf8(read_buf).unwrap();
+        let slice = |s: &str| {
+            let at = text.find(s).unwrap();
+            read_buf.slice(at..at + s.len())
+        };
+        let mut req = Request::builder()
+            .uri(http::Uri::from_maybe_shared(slice("/v1/chat/completions?x=1")).unwrap())
+            .body(())
+            .unwrap();
+        for (name, value) in [
+            ("authorization", "Bearer fg-acme-1"),
+            ("content-type", "application/json"),
+            ("x-custom", "two"),
+            ("x-custom", "three"),
+        ] {
+            let mut v = HeaderValue::from_maybe_shared(slice(value)).unwrap();
+            v.set_sensitive(name == "authorization");
+            req.headers_mut().append(name, v);
+        }
+        req
+    }
+
+    #[test]
+    fn a_compacted_head_is_the_same_head_and_lets_the_read_buffer_go() {
+        let read_buf = bytes::Bytes::from(
+            "POST /v1/chat/completions?x=1 HTTP/1.1\r\nauthorization: Bearer fg-acme-1\r\n\
+             content-type: application/json\r\nx-custom: two\r\nx-custom: three\r\n\r\n"
+                .to_owned(),
+        );
+        let mut req = head(&read_buf);
+        let before = (req.uri().clone(), req.headers().clone());
+        assert!(!read_buf.is_unique());
+        compact_head(&mut req);
+        assert_eq!(req.uri(), &before.0);
+        assert_eq!(req.headers(), &before.1);
+        let order: Vec<_> = req.headers().get_all("x-custom").iter().collect();
+        assert_eq!(order, ["two", "three"]);
+        assert!(req.headers()["authorization"].is_sensitive());
+        assert!(!req.headers()["content-type"].is_sensitive());
+        drop(before);
+        // Nothing of the request refers to the read buffer any more.
+        assert!(read_buf.is_unique());
     }
 }
