@@ -10,7 +10,9 @@
 //!    publishes a new generation: the cost grows with the number of tenants).
 //!
 //! `cargo run --release --example runtime_tenants` (under `flock /tmp/release.lock` on a shared
-//! machine); `N`, `KEYS`, `CREATE` override 10000, 1000, 100.
+//! machine); `N`, `KEYS`, `CREATE` override 10000, 1000, 100. `PACE_MS`: each of the 4 clients
+//! waits that long before each request (default 0: back to back, which keeps the cores busy
+//! alone, so any other work shows as queueing; paced, the load leaves the cores room).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -89,7 +91,11 @@ async fn latencies(c: Http, addr: SocketAddr, stop: Arc<AtomicBool>) -> (f64, f6
             let (c, stop) = (c.clone(), stop.clone());
             tokio::spawn(async move {
                 let mut v = Vec::new();
+                let pace = Duration::from_millis(env_num("PACE_MS", 0) as u64);
                 while !stop.load(Ordering::Relaxed) && v.len() < 20_000 {
+                    if !pace.is_zero() {
+                        tokio::time::sleep(pace).await;
+                    }
                     let t0 = Instant::now();
                     assert_eq!(
                         call(&c, addr, "/v1/chat/completions", "fg-load", CHAT).await,

@@ -194,32 +194,17 @@ where
             let est = ctx.estimate()?;
             let limits = adm.limits(&tenant);
             // 1. Size caps.
-            if est.input.tokens > limits.max_input_tokens {
-                return Err(AdmissionError::InputTooLarge {
-                    estimated: est.input.tokens,
-                    max: limits.max_input_tokens,
-                }
-                .into());
-            }
-            if let Some(cap) = est.max_output_tokens {
-                // Every choice may produce the cap: `n`, `best_of` and array prompts multiply it.
-                let requested = cap.saturating_mul(est.choices.max(1));
-                if requested > limits.max_output_tokens {
-                    let parsed = ctx.request()?;
-                    let param = if cap > limits.max_output_tokens {
-                        parsed.max_tokens_param
-                    } else {
-                        parsed.choices_param.unwrap_or("prompt")
-                    };
-                    let max = limits.max_output_tokens;
-                    return Err(AdmissionError::OutputTooLarge {
-                        requested,
-                        max,
-                        param,
-                    }
-                    .into());
-                }
-            }
+            let parsed = ctx.request()?;
+            super::caps::check(
+                limits,
+                super::caps::Size {
+                    input_tokens: est.input.tokens,
+                    output_cap: est.max_output_tokens,
+                    choices: est.choices,
+                    cap_param: parsed.max_tokens_param,
+                    choices_param: parsed.choices_param,
+                },
+            )?;
             // A tenant's own provider key that the provider paused: its own limit, said before
             // the request queues for a pool slot (the retry stage checks again at dispatch).
             if let Some(e) = adm.own_key_paused(pool, ctx.identity()?, &ctx.request()?.model) {

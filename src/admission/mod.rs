@@ -11,6 +11,7 @@
 //! (the pool's backlog vs the deadline), `upstream` (the provider's answer or pause) or
 //! `budget` (a spent day or month budget, `budget::Error`).
 
+mod caps;
 pub mod deadline;
 mod error;
 mod layer;

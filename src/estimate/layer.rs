@@ -205,21 +205,17 @@ where
                     http::HeaderValue::from_static("identity"),
                 );
             }
-            let max_output_tokens = if endpoint == Endpoint::Embeddings {
-                Some(0)
-            } else {
-                parsed.max_tokens
-            };
-            let choices = match endpoint {
-                Endpoint::Embeddings | Endpoint::Responses => 1,
-                Endpoint::Chat => parsed.choices,
-                Endpoint::Completions => parsed
-                    .choices
-                    .saturating_mul(super::request::prompts(&parsed.value)),
-            };
-            let output = max_output_tokens
-                .unwrap_or(est.config().default_output_tokens)
-                .saturating_mul(choices);
+            let Output {
+                max_output_tokens,
+                choices,
+                tokens: output,
+            } = output(
+                endpoint,
+                parsed.max_tokens,
+                parsed.choices,
+                &parsed.value,
+                est.config().default_output_tokens,
+            );
             ctx.set_estimate(Estimate {
                 endpoint,
                 input,
@@ -238,6 +234,46 @@ where
             ctx.set_estimated_span(began, tokio::time::Instant::now());
             inner.call(req).await
         })
+    }
+}
+
+/// What a request may produce, as estimated before it runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Output {
+    /// Its output cap: the request's (`max_tokens` & co), none for embeddings (0).
+    max_output_tokens: Option<u64>,
+    /// Choices it generates: `n`/`best_of` for chat, times the prompts for completions, one for
+    /// embeddings and responses.
+    choices: u64,
+    /// Output tokens charged: the cap (else `default_output`) times the choices.
+    tokens: u64,
+}
+
+/// The output side of a request's estimate (`value`: its parsed body, for the prompts of a
+/// completions request).
+fn output(
+    endpoint: Endpoint,
+    max_tokens: Option<u64>,
+    choices: u64,
+    value: &Value,
+    default_output: u64,
+) -> Output {
+    let max_output_tokens = if endpoint == Endpoint::Embeddings {
+        Some(0)
+    } else {
+        max_tokens
+    };
+    let choices = match endpoint {
+        Endpoint::Embeddings | Endpoint::Responses => 1,
+        Endpoint::Chat => choices,
+        Endpoint::Completions => choices.saturating_mul(super::request::prompts(value)),
+    };
+    Output {
+        max_output_tokens,
+        choices,
+        tokens: max_output_tokens
+            .unwrap_or(default_output)
+            .saturating_mul(choices),
     }
 }
 
@@ -282,6 +318,23 @@ fn with_include_usage(body: &Bytes, kept: &Value) -> Option<Bytes> {
 #[cfg(test)]
 mod rewrite_tests {
     use super::*;
+
+    #[test]
+    fn the_output_charge_is_the_cap_or_the_default_times_the_choices() {
+        let v = serde_json::json!({"prompt": ["a", "b", "c"]});
+        let o = |e, cap, n| output(e, cap, n, &v, 256);
+        let out = |max_output_tokens, choices, tokens| Output {
+            max_output_tokens,
+            choices,
+            tokens,
+        };
+        assert_eq!(o(Endpoint::Chat, Some(100), 2), out(Some(100), 2, 200));
+        assert_eq!(o(Endpoint::Chat, None, 1), out(None, 1, 256));
+        assert_eq!(o(Endpoint::Completions, Some(10), 2), out(Some(10), 6, 60));
+        assert_eq!(o(Endpoint::Responses, Some(10), 4), out(Some(10), 1, 10));
+        assert_eq!(o(Endpoint::Embeddings, Some(10), 4), out(Some(0), 1, 0));
+        assert_eq!(o(Endpoint::Chat, Some(u64::MAX), 2).tokens, u64::MAX);
+    }
 
     #[test]
     fn include_usage_is_added_and_unknown_fields_survive() {

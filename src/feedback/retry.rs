@@ -54,6 +54,8 @@ use crate::error::{retry_headers, Error, Limit, Reason, RETRY_AFTER_MS};
 use crate::ratelimit::RateStore;
 use crate::response::ResponseBody;
 
+mod decide;
+
 /// Retry policy, from `[admission]`.
 #[derive(Clone, Copy, Debug)]
 pub struct RetryPolicy {
@@ -142,10 +144,6 @@ pub struct Service<S> {
     inner: S,
 }
 
-fn retryable(status: StatusCode) -> bool {
-    matches!(status.as_u16(), 429 | 502 | 503)
-}
-
 impl<S> tower::Service<Request<Bytes>> for Service<S>
 where
     S: tower::Service<Request<Bytes>, Response = Response<ResponseBody>, Error = Error>
@@ -231,44 +229,54 @@ where
                     }
                 };
                 let bit = if ep < 64 { 1u64 << ep } else { 0 };
-                // Refused or failed before any byte reached the client, with another endpoint
-                // to go to: sent on at once, charged once.
-                let failover =
-                    failover_status(status, &result) && pool.has_other(tried | bit | key_paused);
-                if !failover && !retryable(status) {
-                    // The request occupies the endpoint until its body ends.
-                    if let Ok(res) = &mut result {
-                        res.body_mut().attach(Box::new(ticket));
-                    }
-                    return result;
-                }
-                drop(ticket);
-                tried |= bit;
-                if failover {
-                    pool.count_failover(ep);
-                    shared.stats.failovers.fetch_add(1, Ordering::Relaxed);
-                    tracing::debug!(endpoint = %name, status = status.as_u16(), "failing over");
-                    continue;
-                }
-                let backoff = shared
-                    .policy
-                    .backoff(attempt)
-                    .max(wait.unwrap_or_default())
-                    .max(if own_key {
+                let attempted = decide::Attempt {
+                    status,
+                    // Refused or failed before any byte reached the client, with another
+                    // endpoint to go to: sent on at once, charged once.
+                    failover: failover_status(status, &result)
+                        && pool.has_other(tried | bit | key_paused),
+                    own_key,
+                    upstream_wait: wait,
+                };
+                let spent = decide::Spent {
+                    attempt,
+                    waited,
+                    deadline_left: deadline.map(|d| d.remaining()),
+                };
+                let waits = || decide::Waits {
+                    backoff: shared.policy.backoff(attempt),
+                    pool_pause: if own_key {
                         Duration::ZERO
                     } else {
                         pool.paused_for()
-                    });
-                let in_time = deadline.is_none_or(|d| backoff < d.remaining());
-                // A retry waits holding its pool slot: the whole wait is capped.
-                let within_cap = waited + backoff <= shared.policy.max_wait;
-                // An exhausted own key is the tenant's limit: said at once, never waited out
-                // in a pool slot.
-                let own_refusal = own_key && status == StatusCode::TOO_MANY_REQUESTS;
-                if attempt >= shared.policy.max_retries || !in_time || !within_cap || own_refusal {
-                    shared.stats.exhausted.fetch_add(1, Ordering::Relaxed);
-                    return result.map(|res| give_up(res, backoff));
-                }
+                    },
+                };
+                let backoff = match decide::next(&shared.policy, attempted, spent, waits) {
+                    decide::Next::Answer => {
+                        // The request occupies the endpoint until its body ends.
+                        if let Ok(res) = &mut result {
+                            res.body_mut().attach(Box::new(ticket));
+                        }
+                        return result;
+                    }
+                    decide::Next::FailOver => {
+                        drop(ticket);
+                        pool.count_failover(ep);
+                        shared.stats.failovers.fetch_add(1, Ordering::Relaxed);
+                        tracing::debug!(endpoint = %name, status = status.as_u16(), "failing over");
+                        tried |= bit;
+                        continue;
+                    }
+                    decide::Next::GiveUp(backoff) => {
+                        drop(ticket);
+                        shared.stats.exhausted.fetch_add(1, Ordering::Relaxed);
+                        return result.map(|res| give_up(res, backoff));
+                    }
+                    decide::Next::Retry(backoff) => {
+                        drop(ticket);
+                        backoff
+                    }
+                };
                 drop(result);
                 tokio::time::sleep(backoff).await;
                 waited += backoff;
