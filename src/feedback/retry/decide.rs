@@ -197,14 +197,20 @@ mod tests {
             deadline_left,
         };
         let a = attempt(429);
-        assert_eq!(decide(a, spent(1, 0 * MS, None)), Next::Retry(100 * MS));
-        assert_eq!(decide(a, spent(2, 0 * MS, None)), Next::GiveUp(100 * MS));
         assert_eq!(
-            decide(a, spent(0, 0 * MS, Some(100 * MS))),
+            decide(a, spent(1, Duration::ZERO, None)),
+            Next::Retry(100 * MS)
+        );
+        assert_eq!(
+            decide(a, spent(2, Duration::ZERO, None)),
             Next::GiveUp(100 * MS)
         );
         assert_eq!(
-            decide(a, spent(0, 0 * MS, Some(101 * MS))),
+            decide(a, spent(0, Duration::ZERO, Some(100 * MS))),
+            Next::GiveUp(100 * MS)
+        );
+        assert_eq!(
+            decide(a, spent(0, Duration::ZERO, Some(101 * MS))),
             Next::Retry(100 * MS)
         );
         assert_eq!(decide(a, spent(0, 2900 * MS, None)), Next::Retry(100 * MS));
