@@ -21,7 +21,9 @@ pub use budgets::{BudgetConfig, PriceConfig, StoreConfig};
 pub use cidr::Cidr;
 pub use cluster::ClusterConfig;
 pub use endpoints::{EndpointConfig, HealthConfig, DEFAULT_ENDPOINT_CONCURRENCY};
-pub use observe::{AdminConfig, HistogramLabels, LogConfig, LogFormat, MetricsConfig};
+pub use observe::{
+    AdminConfig, HistogramLabels, LogConfig, LogFormat, MetricsConfig, AUTO_TENANT_HISTOGRAMS,
+};
 pub use otel::{is_url as is_otel_url, OtelConfig};
 pub use schema::*;
 pub use validate::validate;

@@ -11,8 +11,10 @@ pub struct MetricsConfig {
     /// (`false`; tenants without a plan share the cohort `none`), for very many tenants.
     pub per_tenant_labels: bool,
     /// What the histograms (queue wait, duration, time to first byte, estimate error) are
-    /// labelled by while `per_tenant_labels` is on: `"plan"` (default; label `plan`, the
-    /// tenant's plan or `none`) or `"tenant"` (label `tenant`: ~90 lines per tenant).
+    /// labelled by while `per_tenant_labels` is on: `"auto"` (default: per tenant up to
+    /// [`AUTO_TENANT_HISTOGRAMS`] tenants, per plan beyond), `"plan"` (label `plan`, the
+    /// tenant's plan or `none`) or `"tenant"` (labels `tenant` and `plan`: ~90 lines per
+    /// tenant).
     pub histograms: HistogramLabels,
     /// Scrape-time gauges (queue depth, in flight, oldest queued, share ratio) are written for
     /// at most this many tenants: those with the most backlog (queued, then in flight, then
@@ -20,22 +22,41 @@ pub struct MetricsConfig {
     pub top_tenants: usize,
 }
 
+/// With `[metrics] histograms = "auto"`, a configuration of at most this many tenants gets
+/// per-tenant histograms (~90 lines each: ~18,000 lines at 200), a larger one histograms by
+/// plan cohort.
+pub const AUTO_TENANT_HISTOGRAMS: usize = 200;
+
 /// `[metrics] histograms`: the label of the histograms.
 #[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum HistogramLabels {
-    /// Per plan cohort (`plan` label): a handful of series however many tenants.
+    /// Per tenant while the configuration has at most [`AUTO_TENANT_HISTOGRAMS`] tenants, per
+    /// plan cohort beyond (decided at each reload from that generation's tenant count).
     #[default]
+    Auto,
+    /// Per plan cohort (`plan` label): a handful of series however many tenants.
     Plan,
-    /// Per tenant (`tenant` label).
+    /// Per tenant (`tenant` and `plan` labels).
     Tenant,
+}
+
+impl HistogramLabels {
+    /// Whether a configuration of `tenants` tenants gets per-tenant histograms.
+    pub fn per_tenant(self, tenants: usize) -> bool {
+        match self {
+            HistogramLabels::Auto => tenants <= AUTO_TENANT_HISTOGRAMS,
+            HistogramLabels::Plan => false,
+            HistogramLabels::Tenant => true,
+        }
+    }
 }
 
 impl Default for MetricsConfig {
     fn default() -> Self {
         Self {
             per_tenant_labels: true,
-            histograms: HistogramLabels::Plan,
+            histograms: HistogramLabels::Auto,
             top_tenants: 100,
         }
     }

@@ -26,6 +26,8 @@ pub mod live;
 mod process;
 pub mod scrape;
 mod tenant;
+#[cfg(test)]
+mod tests;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -176,7 +178,11 @@ impl Metrics {
     pub fn reloaded(&self, config: &Config) -> Arc<Self> {
         let mut labels: Vec<SharedString> = Vec::new();
         let mut by_label: HashMap<String, (usize, Arc<TenantMetrics>)> = HashMap::new();
-        let mut histograms: HashMap<(&'static str, String), Arc<Histograms>> = HashMap::new();
+        let mut histograms: HashMap<Vec<(&'static str, String)>, Arc<Histograms>> = HashMap::new();
+        // Per tenant, or by plan cohort (`[metrics] histograms`; "auto" decides from this
+        // generation's number of tenants).
+        let tenant_histograms =
+            self.per_tenant_labels && self.histograms.per_tenant(config.tenants.len());
         let mut tenants = crate::domain::FastMap::default();
         // The series in force by label, looked up once per label (not a scan per tenant: a
         // reload beside 10,000 tenants with per-tenant labels was 10^8 comparisons).
@@ -190,9 +196,11 @@ impl Metrics {
             } else {
                 cohort.clone()
             };
-            let hist_label = match self.histograms {
-                HistogramLabels::Tenant if self.per_tenant_labels => ("tenant", label.clone()),
-                _ => ("plan", cohort),
+            // Per tenant, they carry the plan too: a dashboard's `by (plan)` works either way.
+            let hist_label = if tenant_histograms {
+                vec![("tenant", label.clone()), ("plan", cohort)]
+            } else {
+                vec![("plan", cohort)]
             };
             let (index, series) = by_label
                 .entry(label.clone())
@@ -203,11 +211,7 @@ impl Metrics {
                             let h = histograms
                                 .entry(hist_label.clone())
                                 .or_insert_with(|| {
-                                    Arc::new(Histograms::new(
-                                        &self.recorder,
-                                        hist_label.0,
-                                        &hist_label.1,
-                                    ))
+                                    Arc::new(Histograms::new(&self.recorder, &hist_label))
                                 })
                                 .clone();
                             Arc::new(TenantMetrics::new(self.label_key, &label, h))

@@ -54,11 +54,15 @@ pub struct Histograms {
 }
 
 impl Histograms {
-    /// Registers (or finds again) the histograms labelled `key="value"`.
-    pub(super) fn new(recorder: &PrometheusRecorder, key: &'static str, value: &str) -> Self {
-        let value: SharedString = value.to_owned().into();
+    /// Registers (or finds again) the histograms labelled `labels` (`plan`; or `tenant` and
+    /// `plan`).
+    pub(super) fn new(recorder: &PrometheusRecorder, labels: &[(&'static str, String)]) -> Self {
+        let base: Vec<Label> = labels
+            .iter()
+            .map(|(k, v)| Label::new(*k, SharedString::from(v.clone())))
+            .collect();
         let h = |name: &'static str, extra: Option<(&'static str, &'static str)>| {
-            let mut labels = vec![Label::new(key, value.clone())];
+            let mut labels = base.clone();
             if let Some((k, v)) = extra {
                 labels.push(Label::new(k, v));
             }
@@ -476,7 +480,7 @@ mod tests {
         let t = TenantMetrics::new(
             "tenant",
             "t",
-            Arc::new(Histograms::new(&recorder, "tenant", "t")),
+            Arc::new(Histograms::new(&recorder, &[("tenant", "t".into())])),
         );
         for status in [200, 200, 404, 200] {
             t.request(status);
@@ -518,7 +522,7 @@ mod tests {
         let t = TenantMetrics::new(
             "tenant",
             "t",
-            Arc::new(Histograms::new(&recorder, "tenant", "t")),
+            Arc::new(Histograms::new(&recorder, &[("tenant", "t".into())])),
         );
         let long = format!("{}é", "m".repeat(MAX_LABEL - 1));
         assert_eq!(

@@ -6,7 +6,9 @@
 //! written for the `top_tenants` with the most backlog only. And `GET /admin/state` stays bounded:
 //! its `top` rows whatever the number of tenants, sorted by who is furthest below their
 //! entitlement. Counts only, never wall time (the 10,000-tenant timings are in BENCHMARKS.md,
-//! `bench/tenants10k.sh`).
+//! `bench/tenants10k.sh`). With the default `histograms = "auto"`, those 2,000 tenants get
+//! histograms by plan, and a deployment of at most `AUTO_TENANT_HISTOGRAMS` (200) tenants gets
+//! them per tenant (with the plan label too), within ~100 lines per tenant.
 
 use std::sync::Arc;
 
@@ -36,6 +38,64 @@ fn config(base_url: &str, var: &str, tenants: usize) -> Conf {
             },
         )
     })
+}
+
+/// Sends one request for each of the first `n` tenants of [`config`], 16 at a time.
+async fn serve_each(addr: std::net::SocketAddr, n: usize) -> usize {
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut workers = Vec::new();
+    for _ in 0..CONCURRENCY {
+        let next = next.clone();
+        workers.push(tokio::spawn(async move {
+            let mut ok = 0usize;
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if i >= n {
+                    return ok;
+                }
+                let key = format!("key-{i:05}");
+                let r = send(post(addr, "/v1/chat/completions", Some(&key), &body(), &[])).await;
+                ok += usize::from(r.status == 200);
+            }
+        }));
+    }
+    let mut ok = 0;
+    for w in workers {
+        ok += w.await.unwrap();
+    }
+    ok
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_deployment_gets_per_tenant_histograms_by_default() {
+    const SMALL: usize = fairgate::config::AUTO_TENANT_HISTOGRAMS;
+    let mock = mock_with(MockConfig::default()).await;
+    let var = unique_env("SMALL");
+    let proxy = config(&mock.base_url(), &var, SMALL)
+        .start_with_env(&[(&var, "t")])
+        .await;
+    assert_eq!(serve_each(proxy.addr, SMALL).await, SMALL);
+    let text = scrape(proxy.addr).await;
+    let lines = text.lines().count();
+    println!("/metrics at {SMALL} tenants, histograms = \"auto\" (per tenant): {lines} lines");
+    for i in [0, SMALL - 1] {
+        let plan = if i % 2 == 0 { "gold" } else { "none" };
+        let labels = [
+            ("tenant", format!("t{i:05}")),
+            ("plan", plan.to_owned()),
+            ("class", "interactive".to_owned()),
+        ];
+        let labels: Vec<(&str, &str)> = labels.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        assert_eq!(
+            value(&text, "fairgate_queue_wait_seconds_count", &labels),
+            Some(1.0),
+            "t{i:05}'s own queue wait, with its plan"
+        );
+    }
+    assert!(
+        lines <= 100 * SMALL + 1200,
+        "/metrics has {lines} lines for {SMALL} tenants"
+    );
 }
 
 fn body() -> String {
