@@ -4,8 +4,10 @@
 //! 1. size caps (estimated input tokens, `max_tokens`) → 400;
 //! 2. deadline: parse the budget, predict the queue wait, refuse at once if infeasible → 429;
 //! 3. budgets: reserve the estimate against every day and month budget of the tenant
-//!    (`budget`) → 429 `insufficient_quota`; given back if the rate limits refuse, settled
-//!    with the usage (and written to the usage ledger) when the request ends;
+//!    (`budget`) → 429 `insufficient_quota`; given back if the rate limits refuse, grown by a
+//!    stream's output past the estimate while it runs (with `cut_off_over_budget`, a stream a
+//!    budget cannot cover is ended), settled with the usage (and written to the usage ledger)
+//!    when the request ends;
 //! 4. rate limits: charge the context's estimate to the tenant's buckets (through its ledger)
 //!    → 429.
 //!
@@ -116,13 +118,16 @@ struct Reconcile {
 impl Meter for Reconcile {
     fn progress(&mut self, p: Progress) -> bool {
         let covered = self.charged.as_ref().is_none_or(|c| c.step(p.output));
+        // A spend budget: the output past the estimate is reserved as it streams.
+        let within = self.budget.as_mut().is_none_or(|r| r.step(p.output));
         let over_cap = self.limits.max_output.is_some_and(|m| p.output > m);
-        !(over_cap || (self.limits.cut_off_over_budget && !covered))
+        !(over_cap || (self.limits.cut_off_over_budget && !(covered && within)))
     }
 
     fn exact(&self) -> bool {
+        let budgeted = self.budget.as_ref().is_some_and(Reservation::budgeted);
         self.limits.max_output.is_some()
-            || (self.limits.cut_off_over_budget && self.charged.is_some())
+            || (self.limits.cut_off_over_budget && (self.charged.is_some() || budgeted))
     }
 }
 

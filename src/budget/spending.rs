@@ -376,6 +376,7 @@ impl Budgets {
     ) -> Result<Reservation, Error> {
         let price = self.price(model);
         let limits = self.limits(tenant).cloned();
+        let est_output = est.output;
         let est = Spend {
             tokens: est.total().0,
             usd: price.map_or(Usd(0), |p| {
@@ -413,6 +414,7 @@ impl Budgets {
             limits,
             price,
             est,
+            output: est_output,
             remaining,
             settled: false,
         })
@@ -480,7 +482,10 @@ pub struct Reservation {
     model: String,
     limits: Option<Arc<[Limit]>>,
     price: Option<Price>,
+    /// Reserved: the estimate, grown by a stream's output past it ([`Reservation::step`]).
     est: Spend,
+    /// The output tokens `est` covers.
+    output: u64,
     remaining: Remaining,
     settled: bool,
 }
@@ -495,6 +500,41 @@ impl Reservation {
     /// Whether the tenant has budgets.
     pub fn budgeted(&self) -> bool {
         self.limits.is_some()
+    }
+
+    /// A stream has produced `output` tokens so far: what passed the reservation is reserved
+    /// too, if every budget can cover it. `false`: one cannot (the stream passed a budget; the
+    /// caller may end it), and the reservation stays as it was. In cluster mode the check is
+    /// against this replica's mirror of what Redis counted (Redis sees the use at settlement).
+    pub fn step(&mut self, output: u64) -> bool {
+        let Some(limits) = &self.limits else {
+            return true;
+        };
+        if output <= self.output {
+            return true;
+        }
+        let more = output - self.output;
+        let extra = Spend {
+            tokens: more,
+            usd: self.price.map_or(Usd(0), |p| {
+                p.cost(Used {
+                    input: 0,
+                    cached: 0,
+                    output: more,
+                })
+            }),
+        };
+        let now = self.spending.now();
+        let fits = self
+            .spending
+            .book()
+            .reserve(&self.tenant, limits, extra, now)
+            .is_ok();
+        if fits {
+            self.est = self.est.plus(extra);
+            self.output = output;
+        }
+        fits
     }
 
     /// Settles with what the provider reported: the book, the ledger row, the soft thresholds.

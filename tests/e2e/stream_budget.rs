@@ -2,7 +2,8 @@
 //! streams (`x-mock-output-tokens`, `x-mock-token-delay-ms`):
 //! - a stream's output is counted as it passes: the tenant's token bucket and fair-queue credit
 //!   show its cost while it runs, not only at its end;
-//! - `max_stream_output_tokens` and `cut_off_over_budget` end a stream cleanly (a final error
+//! - `max_stream_output_tokens` and `cut_off_over_budget` (the token bucket, or a spend budget)
+//!   end a stream cleanly (a final error
 //!   event in OpenAI's shape, then `data: [DONE]`), cancel the upstream request, and count
 //!   `fairgate_rejected_total{reason="stream_budget"}`.
 
@@ -130,6 +131,75 @@ async fn a_stream_past_the_tenants_remaining_budget_is_cut_with_cut_off_over_bud
     // The bucket held 3 000 (plus what refilled meanwhile, 50 a second).
     assert!((2000..=4500).contains(&deltas), "{deltas} deltas");
     assert_eq!(rejected(proxy.addr, "b").await, 1.0);
+}
+
+/// A spend budget cuts a stream too: with `cut_off_over_budget`, the output past the estimate
+/// is reserved as it streams and the stream is ended where the day budget runs out; without it
+/// the stream runs to its end (the overrun is the estimate error the bound allows) and the next
+/// request is refused.
+#[tokio::test]
+async fn a_stream_past_a_spend_budget_is_cut_with_cut_off_over_budget() {
+    let mut budget = toml::Table::new();
+    budget.insert("period".into(), "day".into());
+    budget.insert("tokens".into(), 2000.into());
+    let mock = mock().await;
+    let proxy = Conf::new(&mock.base_url())
+        .tenant("b", "budgets", vec![budget.clone()])
+        .tenant("b", "cut_off_over_budget", true)
+        .tenant("a", "budgets", vec![budget])
+        .start()
+        .await;
+    let long = [
+        ("x-mock-output-tokens", "8000"),
+        ("x-mock-token-delay-ms", "1"),
+    ];
+    // Admitted at its estimate (~520 tokens), it asks for 8 000.
+    let r = send(post(
+        proxy.addr,
+        "/v1/chat/completions",
+        Some(KEY_B),
+        &stream_body(),
+        &long,
+    ))
+    .await;
+    assert_eq!(r.status, 200);
+    let deltas = assert_cut(&r.body);
+    eprintln!(
+        "a day budget of 2 000 tokens, cut_off_over_budget, 8 000 asked: cut after {deltas} deltas"
+    );
+    // Cut within one counting step (64 tokens) of the budget, less the prompt.
+    assert!((1800..=2100).contains(&deltas), "{deltas} deltas");
+    assert_eq!(rejected(proxy.addr, "b").await, 1.0);
+    send(post(
+        proxy.addr,
+        "/v1/chat/completions",
+        Some(KEY_B),
+        &stream_body(),
+        &[],
+    ))
+    .await
+    .assert_error(429, "insufficient_quota");
+    // Without cut_off_over_budget the stream runs to its end, settled then.
+    let r = send(post(
+        proxy.addr,
+        "/v1/chat/completions",
+        Some(KEY_A),
+        &stream_body(),
+        &[("x-mock-output-tokens", "3000")],
+    ))
+    .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(events(&r.body).last().map(String::as_str), Some("[DONE]"));
+    assert!(!String::from_utf8_lossy(&r.body).contains("stream_budget_exceeded"));
+    send(post(
+        proxy.addr,
+        "/v1/chat/completions",
+        Some(KEY_A),
+        &stream_body(),
+        &[],
+    ))
+    .await
+    .assert_error(429, "insufficient_quota");
 }
 
 /// While a long stream runs, its counted output is already charged: another request of the
