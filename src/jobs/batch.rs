@@ -39,14 +39,55 @@ fn line_error(line: usize, code: &str, message: String, param: Option<&str>) -> 
 
 /// Checks the input file; the lines as jobs, or the errors naming the lines.
 pub fn validate(batch: &str, endpoint: &str, content: &[u8]) -> Result<Vec<NewJob>, Vec<Value>> {
-    let mut jobs = Vec::new();
-    let mut errors = Vec::new();
-    let mut seen = std::collections::HashSet::new();
-    for (i, raw) in content.split(|&b| b == b'\n').enumerate() {
+    let mut v = Validator::new(batch, endpoint);
+    for raw in content.split(|&b| b == b'\n') {
+        if v.full() {
+            break;
+        }
+        v.line(raw);
+    }
+    v.finish()
+}
+
+/// Checks a batch input file line by line as its chunks are read (see [`validate`]), keeping
+/// only the jobs made so far, never the file.
+pub struct Validator<'a> {
+    batch: &'a str,
+    endpoint: &'a str,
+    jobs: Vec<NewJob>,
+    errors: Vec<Value>,
+    seen: std::collections::HashSet<String>,
+    /// Lines seen (blank ones included: they keep their numbers).
+    lines: usize,
+}
+
+impl<'a> Validator<'a> {
+    /// A validator of the lines of `batch` for `endpoint`.
+    pub fn new(batch: &'a str, endpoint: &'a str) -> Self {
+        Self {
+            batch,
+            endpoint,
+            jobs: Vec::new(),
+            errors: Vec::new(),
+            seen: std::collections::HashSet::new(),
+            lines: 0,
+        }
+    }
+
+    /// Whether enough errors were found to stop reading.
+    pub fn full(&self) -> bool {
+        self.errors.len() >= MAX_ERRORS
+    }
+
+    /// Checks the next line (without its newline).
+    pub fn line(&mut self, raw: &[u8]) {
+        let (i, batch, endpoint) = (self.lines, self.batch, self.endpoint);
+        self.lines += 1;
         let n = i + 1;
         if raw.iter().all(u8::is_ascii_whitespace) {
-            continue;
+            return;
         }
+        let (jobs, errors, seen) = (&mut self.jobs, &mut self.errors, &mut self.seen);
         let v: Value = match serde_json::from_slice(raw) {
             Ok(v @ Value::Object(_)) => v,
             _ => {
@@ -56,7 +97,7 @@ pub fn validate(batch: &str, endpoint: &str, content: &[u8]) -> Result<Vec<NewJo
                     format!("line {n} is not a JSON object"),
                     None,
                 ));
-                continue;
+                return;
             }
         };
         let custom_id = v.get("custom_id").and_then(Value::as_str).unwrap_or("");
@@ -118,23 +159,58 @@ pub fn validate(batch: &str, endpoint: &str, content: &[u8]) -> Result<Vec<NewJo
             }),
             (None, None) => {}
         }
-        if errors.len() >= MAX_ERRORS {
-            break;
+    }
+
+    /// The jobs of a valid file, or its errors.
+    pub fn finish(mut self) -> Result<Vec<NewJob>, Vec<Value>> {
+        if self.jobs.is_empty() && self.errors.is_empty() {
+            self.errors.push(line_error(
+                1,
+                "empty_file",
+                "the input file has no request".to_owned(),
+                None,
+            ));
+        }
+        if self.errors.is_empty() {
+            Ok(self.jobs)
+        } else {
+            Err(self.errors)
         }
     }
-    if jobs.is_empty() && errors.is_empty() {
-        errors.push(line_error(
-            1,
-            "empty_file",
-            "the input file has no request".to_owned(),
-            None,
-        ));
+}
+
+/// Validates the stored file `input` of `tenant` for `batch` (see [`validate`]), read one chunk
+/// at a time: what is held is the jobs made so far and one partial line, never the file.
+async fn validate_stored(
+    jobs: &Jobs,
+    tenant: &str,
+    input: &str,
+    batch: &str,
+    endpoint: &str,
+) -> Result<Result<Vec<NewJob>, Vec<Value>>, Error> {
+    let mut v = Validator::new(batch, endpoint);
+    let mut partial: Vec<u8> = Vec::new();
+    let mut seq = 0;
+    while let Some(chunk) = jobs.store().file_chunk(tenant, input, seq).await? {
+        seq += 1;
+        let mut data = &chunk[..];
+        while let Some(end) = data.iter().position(|&b| b == b'\n') {
+            if partial.is_empty() {
+                v.line(&data[..end]);
+            } else {
+                partial.extend_from_slice(&data[..end]);
+                v.line(&partial);
+                partial.clear();
+            }
+            data = &data[end + 1..];
+            if v.full() {
+                return Ok(v.finish());
+            }
+        }
+        partial.extend_from_slice(data);
     }
-    if errors.is_empty() {
-        Ok(jobs)
-    } else {
-        Err(errors)
-    }
+    v.line(&partial);
+    Ok(v.finish())
 }
 
 /// `POST /v1/batches`.
@@ -171,11 +247,6 @@ pub async fn create(
             Some("input_file_id"),
         ));
     }
-    let content = jobs
-        .store()
-        .file_content(tenant, input)
-        .await?
-        .unwrap_or_default();
     let id = super::new_id("batch_");
     let now = store::now();
     let mut doc = json!({
@@ -187,7 +258,7 @@ pub async fn create(
         "cancelled_at": null, "request_counts": {"total": 0, "completed": 0, "failed": 0},
         "metadata": req.get("metadata").cloned().unwrap_or(Value::Null),
     });
-    match validate(&id, endpoint, &content) {
+    match validate_stored(jobs, tenant, input, &id, endpoint).await? {
         Ok(lines) => {
             let bytes: u64 = lines.iter().map(|l| l.body.len() as u64).sum();
             jobs.check_limits(tenant, lines.len() as u64, bytes).await?;

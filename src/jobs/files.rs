@@ -25,20 +25,19 @@ use crate::response::ResponseBody;
 /// Room for the form around the file (boundaries, part headers, the `purpose` field).
 const FORM_OVERHEAD: u64 = 64 * 1024;
 
-/// Where an upload's bytes go: chunk rows (SQLite), or one value (Redis), as they arrive.
+/// Where an upload's bytes go as they arrive: chunks of [`CHUNK_BYTES`] (SQLite rows, or
+/// fields of one Redis hash).
 struct Sink {
     store: Store,
     id: String,
     buf: BytesMut,
     seq: u32,
-    whole: Option<Vec<u8>>,
     committed: bool,
 }
 
 impl Sink {
     fn new(store: &Store, id: &str) -> Self {
         Self {
-            whole: (!store.chunked()).then(Vec::new),
             store: store.clone(),
             id: id.to_owned(),
             buf: BytesMut::with_capacity(CHUNK_BYTES),
@@ -48,10 +47,6 @@ impl Sink {
     }
 
     async fn push(&mut self, mut data: Bytes) -> Result<(), Error> {
-        if let Some(w) = &mut self.whole {
-            w.extend_from_slice(&data);
-            return Ok(());
-        }
         while !data.is_empty() {
             let n = (CHUNK_BYTES - self.buf.len()).min(data.len());
             self.buf.extend_from_slice(&data.split_to(n));
@@ -74,13 +69,8 @@ impl Sink {
 
     /// Makes the file `f` of `tenant` visible.
     async fn commit(mut self, tenant: &str, f: &File) -> Result<(), Error> {
-        match self.whole.take() {
-            Some(content) => self.store.insert_file(tenant, f, &content).await?,
-            None => {
-                self.flush().await?;
-                self.store.commit_file(tenant, f).await?;
-            }
-        }
+        self.flush().await?;
+        self.store.commit_file(tenant, f).await?;
         self.committed = true;
         Ok(())
     }
@@ -88,7 +78,7 @@ impl Sink {
 
 impl Drop for Sink {
     fn drop(&mut self) {
-        if self.committed || self.whole.is_some() || self.seq == 0 {
+        if self.committed || self.seq == 0 {
             return;
         }
         // Failed or abandoned (the client went away): its chunks go at once.

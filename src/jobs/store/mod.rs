@@ -304,29 +304,12 @@ impl Store {
         }
     }
 
-    /// Stores a file of `tenant`.
-    pub async fn insert_file(&self, tenant: &str, f: &File, content: &[u8]) -> Result<()> {
-        match self {
-            Store::Sqlite(db) => {
-                let (t, f, c) = (tenant.to_owned(), f.clone(), content.to_vec());
-                blocking(db, move |s| s.insert_file(&t, &f, &c)).await
-            }
-            Store::Redis(r) => r.insert_file(tenant, f, content).await,
-        }
-    }
-
-    /// Whether files are stored in chunks ([`Store::put_chunk`], [`Store::file_chunk`]); the
-    /// Redis backend stores a file whole ([`Store::insert_file`]).
-    pub fn chunked(&self) -> bool {
-        matches!(self, Store::Sqlite(_))
-    }
-
-    /// Stores chunk `seq` of the file `id` being uploaded (chunked stores only).
+    /// Stores chunk `seq` (of [`CHUNK_BYTES`]) of the file `id` being uploaded.
     pub async fn put_chunk(&self, id: &str, seq: u32, data: bytes::Bytes) -> Result<()> {
         let i = id.to_owned();
         match self {
             Store::Sqlite(db) => blocking(db, move |s| s.put_chunk(&i, seq, &data)).await,
-            Store::Redis(_) => Err(StoreError::Shape),
+            Store::Redis(r) => r.put_chunk(id, seq, &data).await,
         }
     }
 
@@ -335,7 +318,7 @@ impl Store {
         let (t, f) = (tenant.to_owned(), f.clone());
         match self {
             Store::Sqlite(db) => blocking(db, move |s| s.commit_file(&t, &f)).await,
-            Store::Redis(_) => Err(StoreError::Shape),
+            Store::Redis(r) => r.commit_file(tenant, &f).await,
         }
     }
 
@@ -344,12 +327,12 @@ impl Store {
         let i = id.to_owned();
         match self {
             Store::Sqlite(db) => blocking(db, move |s| s.abort_file(&i)).await,
-            Store::Redis(_) => Ok(()),
+            Store::Redis(r) => r.abort_file(id).await,
         }
     }
 
-    /// Chunk `seq` of file `id` of `tenant` (`None`: past its end, or no such file). The Redis
-    /// backend's one chunk is the whole file.
+    /// Chunk `seq` of file `id` of `tenant` (`None`: past its end, or no such file). A file
+    /// stored whole by an earlier version is its one chunk 0.
     pub async fn file_chunk(
         &self,
         tenant: &str,
@@ -357,11 +340,8 @@ impl Store {
         seq: u32,
     ) -> Result<Option<bytes::Bytes>> {
         let (t, i) = (tenant.to_owned(), id.to_owned());
-        let chunk = match self {
-            Store::Sqlite(db) => blocking(db, move |s| s.file_chunk(&t, &i, seq)).await?,
-            Store::Redis(r) if seq == 0 => r.file_content(tenant, id).await?,
-            Store::Redis(_) => None,
-        };
+        let chunk = dispatch!(self, |s| s.file_chunk(&t, &i, seq), |r| r
+            .file_chunk(tenant, id, seq))?;
         Ok(chunk.map(bytes::Bytes::from))
     }
 
@@ -369,13 +349,6 @@ impl Store {
     pub async fn file(&self, tenant: &str, id: &str) -> Result<Option<File>> {
         let (t, i) = (tenant.to_owned(), id.to_owned());
         dispatch!(self, |s| s.file(&t, &i), |r| r.file(tenant, id))
-    }
-
-    /// The content of file `id` of `tenant`.
-    pub async fn file_content(&self, tenant: &str, id: &str) -> Result<Option<Vec<u8>>> {
-        let (t, i) = (tenant.to_owned(), id.to_owned());
-        dispatch!(self, |s| s.file_content(&t, &i), |r| r
-            .file_content(tenant, id))
     }
 
     /// Deletes file `id` of `tenant`; whether it existed.

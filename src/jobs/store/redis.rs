@@ -33,6 +33,10 @@ use redis::{Script, ScriptInvocation, Value};
 
 use super::{now, state, Claimed, Counts, File, Job, Line, NewJob, Result, StoreError};
 
+/// Seconds an upload's chunks live without a new one before it is committed (a replica that
+/// died mid-upload leaves them at most this long).
+const UPLOAD_TTL_S: u64 = 3600;
+
 /// Reclaimed jobs per call (a dead replica's claims come back over a few ticks).
 const RECLAIM_BATCH: usize = 1000;
 
@@ -286,7 +290,13 @@ impl RedisStore {
         Ok(int(&self.call(&scripts::FINISH, &args).await?) == Some(1))
     }
 
-    pub(super) async fn insert_file(&self, tenant: &str, f: &File, content: &[u8]) -> Result<()> {
+    pub(super) async fn put_chunk(&self, id: &str, seq: u32, data: &[u8]) -> Result<()> {
+        let args = [a(id), a(seq), data.to_vec(), a(UPLOAD_TTL_S)];
+        self.call(&scripts::CHUNK_PUT, &args).await?;
+        Ok(())
+    }
+
+    pub(super) async fn commit_file(&self, tenant: &str, f: &File) -> Result<()> {
         let args = [
             a(tenant),
             a(&f.id),
@@ -294,10 +304,9 @@ impl RedisStore {
             a(&f.filename),
             a(f.bytes),
             a(f.created),
-            content.to_vec(),
             a(self.max_bytes),
         ];
-        match int(&self.call(&scripts::FILE_PUT, &args).await?) {
+        match int(&self.call(&scripts::FILE_COMMIT, &args).await?) {
             Some(-2) => Err(StoreError::Limit {
                 what: "stored bytes (max_stored_bytes_per_tenant)",
                 limit: self.max_bytes,
@@ -306,10 +315,25 @@ impl RedisStore {
         }
     }
 
-    pub(super) async fn file(&self, tenant: &str, id: &str) -> Result<Option<File>> {
+    pub(super) async fn abort_file(&self, id: &str) -> Result<()> {
+        self.call(&scripts::CHUNK_ABORT, &[a(id)]).await?;
+        Ok(())
+    }
+
+    pub(super) async fn file_chunk(
+        &self,
+        tenant: &str,
+        id: &str,
+        seq: u32,
+    ) -> Result<Option<Vec<u8>>> {
         let v = self
-            .call(&scripts::FILE_GET, &[a(tenant), a(id), a(0)])
+            .call(&scripts::CHUNK_GET, &[a(tenant), a(id), a(seq)])
             .await?;
+        Ok(array(v)?.into_iter().next().and_then(bytes))
+    }
+
+    pub(super) async fn file(&self, tenant: &str, id: &str) -> Result<Option<File>> {
+        let v = self.call(&scripts::FILE_GET, &[a(tenant), a(id)]).await?;
         if v == Value::Nil {
             return Ok(None);
         }
@@ -349,17 +373,6 @@ impl RedisStore {
                 })
             })
             .collect()
-    }
-
-    pub(super) async fn file_content(&self, tenant: &str, id: &str) -> Result<Option<Vec<u8>>> {
-        let v = self
-            .call(&scripts::FILE_GET, &[a(tenant), a(id), a(1)])
-            .await?;
-        if v == Value::Nil {
-            return Ok(None);
-        }
-        let [content] = fields(v)?;
-        Ok(Some(bytes(content).unwrap_or_default()))
     }
 
     pub(super) async fn delete_file(&self, tenant: &str, id: &str) -> Result<bool> {
@@ -459,7 +472,14 @@ impl RedisStore {
         status: &str,
         files: &[(File, Vec<u8>)],
     ) -> Result<bool> {
-        let mut args = vec![a(id), a(expected), a(doc), a(status), a(now())];
+        let mut args = vec![
+            a(id),
+            a(expected),
+            a(doc),
+            a(status),
+            a(now()),
+            a(super::CHUNK_BYTES),
+        ];
         for (f, content) in files {
             args.extend([
                 a(&f.id),

@@ -265,3 +265,67 @@ async fn a_job_store_call_slower_than_the_hot_path_timeout_still_answers() {
     stall.await.unwrap();
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
 }
+
+/// Files in Redis are stored in chunks (`:fc:ID`) and streamed both ways: a 3 MB input (12
+/// chunks, 46× `max_body_bytes`) uploaded through replica A reads back byte for byte through
+/// replica B, and a batch created through B from it (read line by line from the chunks) holds
+/// every line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_far_over_one_chunk_streams_through_redis_both_ways() {
+    let Some(redis) = Redis::start() else { return };
+    let mock = mock().await;
+    let limits = |c: Conf| {
+        c.server("max_body_bytes", 64 * 1024)
+            .set("jobs.max_file_bytes", 4_000_000)
+    };
+    let a = limits(replica(&redis, &mock.base_url(), "a")).start().await;
+    let b = limits(replica(&redis, &mock.base_url(), "b")).start().await;
+    let pad = "x".repeat(900);
+    let content: String = (0..3000)
+        .map(|i| {
+            format!(
+                "{{\"custom_id\":\"r-{i}\",\"method\":\"POST\",\"url\":\"/v1/chat/completions\",\
+                 \"body\":{{\"model\":\"gpt-4o-mini\",\"messages\":[{{\"role\":\"user\",\
+                 \"content\":\"{pad}\"}}]}}}}\n"
+            )
+        })
+        .collect();
+    assert!(content.len() > 11 * 256 * 1024);
+    let file = upload(a.addr, &content).await;
+    let back = send(get(b.addr, &format!("/v1/files/{file}/content"), KEY_A)).await;
+    assert_eq!(back.status, 200);
+    assert_eq!(back.body.len(), content.len());
+    assert!(back.body == content.as_bytes(), "read back byte for byte");
+    let other = send(get(b.addr, &format!("/v1/files/{file}/content"), KEY_B)).await;
+    assert_eq!(other.status, 404, "not another tenant's");
+    let body = serde_json::json!({"input_file_id": file, "endpoint": "/v1/chat/completions",
+        "completion_window": "24h"});
+    let r = send(post(
+        b.addr,
+        "/v1/batches",
+        Some(KEY_A),
+        &body.to_string(),
+        &[],
+    ))
+    .await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(
+        r.json()["request_counts"]["total"],
+        3000,
+        "every line, across chunks"
+    );
+    let del = send(
+        Request::delete(format!("http://{}/v1/files/{file}", a.addr))
+            .header("authorization", format!("Bearer {KEY_A}"))
+            .body(Full::default())
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(del.status, 200);
+    assert_eq!(
+        send(get(b.addr, &format!("/v1/files/{file}/content"), KEY_A))
+            .await
+            .status,
+        404
+    );
+}

@@ -10,7 +10,10 @@
 //! - `:tok`, `:seq` (counters): fencing tokens, insertion order;
 //! - `:u:TENANT` (hash): `n` jobs queued or running, `b` bytes stored (limits hold
 //!   cluster-wide);
-//! - `:f:ID` (hash): a file — tenant, purpose, filename, bytes, created, content;
+//! - `:f:ID` (hash): a file — tenant, purpose, filename, bytes, created (`content`: the whole
+//!   file, only for a file stored by an earlier version);
+//! - `:fc:ID` (hash): the file's chunks by `seq` (0, 1, …; `CHUNK_BYTES` each, the last
+//!   shorter), expiring while the upload is not committed;
 //! - `:ft:TENANT` (zset): the tenant's file ids by `seq` (listing);
 //! - `:b:ID` (hash), `:bl:ID` (list): a batch — tenant, doc, status, total, completed, failed,
 //!   unfinished — and its job ids in line order;
@@ -273,17 +276,35 @@ return 1
     )
 });
 
-/// ARGV: tenant, id, purpose, filename, bytes, created, content, max bytes → 1, or -2 (the
-/// tenant's bytes limit).
-pub static FILE_PUT: LazyLock<Script> = LazyLock::new(|| {
+/// ARGV: id, seq, data, ttl (seconds) → 1: stores chunk `seq` of the file `id` being
+/// uploaded. Until the file is committed its chunks expire `ttl` after the last one came: an
+/// upload whose replica died mid-way leaves nothing behind for long.
+pub static CHUNK_PUT: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r"
+local fc = K..':fc:'..ARGV[1]
+redis.call('HSET', fc, ARGV[2], ARGV[3])
+if redis.call('EXISTS', K..':f:'..ARGV[1]) == 0 then
+  redis.call('EXPIRE', fc, tonumber(ARGV[4]))
+end
+return 1
+",
+    )
+});
+
+/// ARGV: tenant, id, purpose, filename, bytes, created, max bytes → 1, or -2 (the tenant's
+/// bytes limit): makes the uploaded file `id`, its chunks stored, one of the tenant's files
+/// (its chunks no longer expire).
+pub static FILE_COMMIT: LazyLock<Script> = LazyLock::new(|| {
     script(
         r"
 local u = K..':u:'..ARGV[1]
-if (tonumber(redis.call('HGET', u, 'b')) or 0) + tonumber(ARGV[5]) > tonumber(ARGV[8]) then
+if (tonumber(redis.call('HGET', u, 'b')) or 0) + tonumber(ARGV[5]) > tonumber(ARGV[7]) then
   return -2
 end
 redis.call('HSET', K..':f:'..ARGV[2], 'tenant', ARGV[1], 'purpose', ARGV[3],
-  'filename', ARGV[4], 'bytes', ARGV[5], 'created', ARGV[6], 'content', ARGV[7])
+  'filename', ARGV[4], 'bytes', ARGV[5], 'created', ARGV[6])
+redis.call('PERSIST', K..':fc:'..ARGV[2])
 redis.call('HINCRBY', u, 'b', ARGV[5])
 redis.call('ZADD', K..':exp', ARGV[6], 'f:'..ARGV[2])
 redis.call('ZADD', K..':ft:'..ARGV[1], redis.call('INCR', K..':seq'), ARGV[2])
@@ -292,14 +313,44 @@ return 1
     )
 });
 
-/// ARGV: tenant, id, with content ('1' or '0') → {purpose, filename, bytes, created[, content]}
-/// or nil.
+/// ARGV: id → 1: drops the chunks of an upload that was not committed (a committed file's
+/// stay).
+pub static CHUNK_ABORT: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r"
+if redis.call('EXISTS', K..':f:'..ARGV[1]) == 0 then
+  redis.call('DEL', K..':fc:'..ARGV[1])
+end
+return 1
+",
+    )
+});
+
+/// ARGV: tenant, id, seq → {chunk}, {} past the file's end, or nil (no such file of this
+/// tenant). A file stored whole by an earlier version (its `content` field) is its one chunk 0.
+pub static CHUNK_GET: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r"
+local f = K..':f:'..ARGV[2]
+if redis.call('HGET', f, 'tenant') ~= ARGV[1] then return false end
+local whole = redis.call('HGET', f, 'content')
+if whole then
+  if ARGV[3] == '0' then return {whole} end
+  return {}
+end
+local c = redis.call('HGET', K..':fc:'..ARGV[2], ARGV[3])
+if c then return {c} end
+return {}
+",
+    )
+});
+
+/// ARGV: tenant, id → {purpose, filename, bytes, created} or nil.
 pub static FILE_GET: LazyLock<Script> = LazyLock::new(|| {
     script(
         r"
 local f = K..':f:'..ARGV[2]
 if redis.call('HGET', f, 'tenant') ~= ARGV[1] then return false end
-if ARGV[3] == '1' then return {redis.call('HGET', f, 'content')} end
 return redis.call('HMGET', f, 'purpose', 'filename', 'bytes', 'created')
 ",
     )
@@ -347,7 +398,7 @@ if h[1] ~= ARGV[1] then return 0 end
 redis.call('HINCRBY', K..':u:'..ARGV[1], 'b', -tonumber(h[2]))
 redis.call('ZREM', K..':exp', 'f:'..ARGV[2])
 redis.call('ZREM', K..':ft:'..ARGV[1], ARGV[2])
-redis.call('DEL', f)
+redis.call('DEL', f, K..':fc:'..ARGV[2])
 return 1
 ",
     )
@@ -485,9 +536,10 @@ return out
     )
 });
 
-/// ARGV: id, expected status, doc, status, now, then per file: id, purpose, filename, bytes,
-/// created, content → 1 if this call finalized the batch (status was `expected`, no line
-/// unfinished), else 0: the compare-and-set that makes finalization happen once.
+/// ARGV: id, expected status, doc, status, now, chunk bytes, then per file: id, purpose,
+/// filename, bytes, created, content → 1 if this call finalized the batch (status was
+/// `expected`, no line unfinished), else 0: the compare-and-set that makes finalization happen
+/// once. Each file is stored in chunks of `chunk bytes`, as uploads are.
 pub static FINALIZE: LazyLock<Script> = LazyLock::new(|| {
     script(
         r"
@@ -496,10 +548,15 @@ local b = K..':b:'..bid
 local h = redis.call('HMGET', b, 'status', 'unfinished', 'tenant')
 if h[1] ~= ARGV[2] or tonumber(h[2]) ~= 0 then return 0 end
 local tenant = h[3]
-for i = 6, #ARGV, 6 do
+local ch = tonumber(ARGV[6])
+for i = 7, #ARGV, 6 do
   redis.call('HSET', K..':f:'..ARGV[i], 'tenant', tenant, 'purpose', ARGV[i + 1],
-    'filename', ARGV[i + 2], 'bytes', ARGV[i + 3], 'created', ARGV[i + 4],
-    'content', ARGV[i + 5])
+    'filename', ARGV[i + 2], 'bytes', ARGV[i + 3], 'created', ARGV[i + 4])
+  local content, seq = ARGV[i + 5], 0
+  for off = 1, #content, ch do
+    redis.call('HSET', K..':fc:'..ARGV[i], seq, string.sub(content, off, off + ch - 1))
+    seq = seq + 1
+  end
   redis.call('HINCRBY', K..':u:'..tenant, 'b', ARGV[i + 3])
   redis.call('ZADD', K..':exp', ARGV[i + 4], 'f:'..ARGV[i])
   redis.call('ZADD', K..':ft:'..tenant, redis.call('INCR', K..':seq'), ARGV[i])
@@ -540,7 +597,7 @@ for _, m in ipairs(items) do
     if h[1] then
       redis.call('HINCRBY', K..':u:'..h[1], 'b', -tonumber(h[2]))
       redis.call('ZREM', K..':ft:'..h[1], id)
-      redis.call('DEL', f)
+      redis.call('DEL', f, K..':fc:'..id)
     end
   else
     local b = K..':b:'..id

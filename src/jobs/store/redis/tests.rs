@@ -252,6 +252,12 @@ async fn a_batch_is_finalized_once_and_reads_are_per_tenant() {
         s.file("a", "f2").await.unwrap(),
     ];
     assert_eq!(stored.iter().flatten().count(), 1, "one output file");
+    let out = if stored[0].is_some() { "f1" } else { "f2" };
+    assert_eq!(
+        s.file_chunk("a", out, 0).await.unwrap().as_deref(),
+        Some(&b"out"[..]),
+        "the output file is stored in chunks, read as an upload is"
+    );
     assert!(s.settled_batches().await.unwrap().is_empty());
     let lines = s.lines("b1").await.unwrap();
     let ids: Vec<_> = lines.iter().map(|l| l.custom_id.as_str()).collect();
@@ -299,11 +305,9 @@ async fn files_are_listed_per_tenant_newest_first_and_deleted_from_the_listing()
         ("a", "f2", "batch"),
         ("b", "g1", "batch"),
     ] {
-        s.insert_file(t, &file(id, p), b"{}").await.unwrap();
+        put_file(&s, t, &file(id, p), b"{}").await;
     }
-    s.insert_file("a", &file("f3", "batch_output"), b"{}")
-        .await
-        .unwrap();
+    put_file(&s, "a", &file("f3", "batch_output"), b"{}").await;
     let ids = |v: Vec<File>| v.into_iter().map(|f| f.id).collect::<Vec<_>>();
     assert_eq!(
         ids(s.files("a", None, 10, None).await.unwrap()),
@@ -353,4 +357,110 @@ async fn due_batches_are_found_by_expiry_and_only_while_in_progress() {
         "no longer in progress"
     );
     assert_eq!(s.due_batches(60).await.unwrap().len(), 1);
+}
+
+/// Stores `content` as the file `f` of `tenant`, chunk by chunk, as an upload does.
+async fn put_file(s: &RedisStore, tenant: &str, f: &File, content: &[u8]) {
+    for (seq, c) in content.chunks(crate::jobs::store::CHUNK_BYTES).enumerate() {
+        s.put_chunk(&f.id, seq as u32, c).await.unwrap();
+    }
+    s.commit_file(tenant, f).await.unwrap();
+}
+
+#[tokio::test]
+async fn files_are_stored_and_read_in_chunks_and_an_abandoned_upload_leaves_none() {
+    let Some(srv) = server() else { return };
+    let s = store(&srv, 60_000).await;
+    let ch = crate::jobs::store::CHUNK_BYTES;
+    let content: Vec<u8> = (0..2 * ch + 10).map(|i| b'a' + (i % 26) as u8).collect();
+    let f = File {
+        id: "f1".into(),
+        purpose: "batch".into(),
+        filename: "in.jsonl".into(),
+        bytes: content.len() as u64,
+        created: 1,
+    };
+    // Uploaded chunks are invisible until committed.
+    s.put_chunk("f1", 0, &content[..ch]).await.unwrap();
+    assert_eq!(s.file_chunk("a", "f1", 0).await.unwrap(), None);
+    s.put_chunk("f1", 1, &content[ch..2 * ch]).await.unwrap();
+    s.put_chunk("f1", 2, &content[2 * ch..]).await.unwrap();
+    s.commit_file("a", &f).await.unwrap();
+    let mut back = Vec::new();
+    let mut seq = 0;
+    while let Some(c) = s.file_chunk("a", "f1", seq).await.unwrap() {
+        assert!(c.len() <= ch, "one chunk a read, never the file");
+        back.extend_from_slice(&c);
+        seq += 1;
+    }
+    assert_eq!(
+        (seq, back == content),
+        (3, true),
+        "three chunks, byte for byte"
+    );
+    assert_eq!(
+        s.file_chunk("b", "f1", 0).await.unwrap(),
+        None,
+        "per tenant"
+    );
+    assert_eq!(s.usage("a").await.unwrap().1, content.len() as u64);
+    // An abandoned upload's chunks go; a committed file's stay.
+    s.put_chunk("f2", 0, b"{}").await.unwrap();
+    s.abort_file("f2").await.unwrap();
+    s.abort_file("f1").await.unwrap();
+    let mut conn = redis::Client::open(format!("redis://127.0.0.1:{}", srv.port))
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let probe = conn.clone();
+    let exists = |key: &'static str| {
+        let mut c = probe.clone();
+        async move {
+            redis::cmd("EXISTS")
+                .arg(format!("{{fgtest}}:jobs:fc:{key}"))
+                .query_async::<i64>(&mut c)
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(
+        exists("f2").await,
+        0,
+        "the aborted upload's chunks are gone"
+    );
+    assert_eq!(exists("f1").await, 1);
+    // An uncommitted upload's chunks expire (a replica that died mid-upload).
+    s.put_chunk("f3", 0, b"{}").await.unwrap();
+    let ttl: i64 = redis::cmd("TTL")
+        .arg("{fgtest}:jobs:fc:f3")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(ttl > 0, "pending chunks expire: ttl {ttl}");
+    let ttl: i64 = redis::cmd("TTL")
+        .arg("{fgtest}:jobs:fc:f1")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(ttl, -1, "a committed file's chunks do not");
+    // A file stored whole by an earlier version reads as its one chunk 0.
+    let _: () = redis::cmd("HSET")
+        .arg("{fgtest}:jobs:f:old")
+        .arg(&[
+            "tenant", "a", "purpose", "batch", "filename", "o", "bytes", "2", "created", "1",
+        ])
+        .arg(&["content", "{}"])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        s.file_chunk("a", "old", 0).await.unwrap().as_deref(),
+        Some(&b"{}"[..])
+    );
+    assert_eq!(s.file_chunk("a", "old", 1).await.unwrap(), None);
+    // Deleting the file deletes its chunks.
+    assert!(s.delete_file("a", "f1").await.unwrap());
+    assert_eq!(exists("f1").await, 0);
+    assert_eq!(s.usage("a").await.unwrap().1, 0);
 }
