@@ -15,6 +15,11 @@
 //! buffer, so a request waiting in the queue would keep it alive, and hyper would allocate a
 //! second one for its next read on the connection (issue 25: 8 KiB of a queued request's ~30).
 //!
+//! A plain connection is served as HTTP/1 from its first byte when its first bytes, peeked (not
+//! read), are not HTTP/2's preface ([`opening`]); otherwise hyper-util's auto connection reads
+//! them to decide. Its read of those bytes leaves them in a small buffer that hyper's HTTP/1
+//! connection then copies into its own, growing that to 16 KiB for the life of the connection.
+//!
 //! Invariants: graceful shutdown is started at most once; the idle timer is re-armed only when
 //! it fires (a request costs two atomic updates, not a timer update); a 408 on HTTP/1 carries
 //! `Connection: close` (the rest of that body is never read); a compacted head has the same
@@ -113,6 +118,55 @@ impl hyper::service::Service<Request<Incoming>> for Tracked {
             timeout: self.inner.client_write_timeout(),
             abort: self.abort.clone(),
         }
+    }
+}
+
+/// HTTP/2's connection preface (RFC 9113 §3.4), which an h2c client with prior knowledge sends
+/// first.
+const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Peeks a plain connection whose first bytes are still a prefix of the preface at most this
+/// many times, [`PEEK_PAUSE`] apart, before leaving the decision to hyper-util.
+const PEEKS: usize = 20;
+const PEEK_PAUSE: Duration = Duration::from_millis(1);
+
+/// What a plain connection's first bytes say.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Opening {
+    /// They are not HTTP/2's preface: HTTP/1.
+    Http1,
+    /// The preface, too few bytes to tell, EOF or an error: hyper-util's auto connection
+    /// decides.
+    Unknown,
+    /// No byte within `wait` (the keep-alive time, which hyper's header-read timer would also
+    /// have given it), the server stopping, or the registry shedding it: closed unserved, as
+    /// hyper closes an idle connection in those cases.
+    Close,
+}
+
+/// Peeks (does not read) the first bytes of `stream`: see [`Opening`].
+pub async fn opening(
+    stream: &tokio::net::TcpStream,
+    wait: Duration,
+    entry: &Entry,
+    stop: &mut watch::Receiver<bool>,
+) -> Opening {
+    let peek = async {
+        let mut buf = [0u8; PREFACE.len()];
+        for _ in 0..PEEKS {
+            match stream.peek(&mut buf).await {
+                Ok(n) if n > 0 && buf[..n] != PREFACE[..n] => return Opening::Http1,
+                Ok(n) if n > 0 && n < PREFACE.len() => tokio::time::sleep(PEEK_PAUSE).await,
+                _ => return Opening::Unknown,
+            }
+        }
+        Opening::Unknown
+    };
+    tokio::select! {
+        o = peek => o,
+        _ = tokio::time::sleep(wait) => Opening::Close,
+        _ = stop.wait_for(|s| *s) => Opening::Close,
+        _ = entry.shed_requested() => Opening::Close,
     }
 }
 
@@ -224,6 +278,84 @@ impl Body for TrackedBody {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_plain_connection_is_http1_unless_it_opens_with_the_preface() {
+        use tokio::io::AsyncWriteExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let registry = super::super::connections::Registry::new(
+            16,
+            None,
+            super::super::connections::Handles::noop(),
+        );
+        for (first, then, want) in [
+            (
+                &b"POST /v1/chat/completions HTTP/1.1\r\n"[..],
+                &b""[..],
+                Opening::Http1,
+            ),
+            (b"P", b"OST / HTTP/1.1\r\n", Opening::Http1),
+            (&PREFACE[..], b"", Opening::Unknown),
+            (b"PRI * HT", b"TP/2.0\r\n\r\nSM\r\n\r\n", Opening::Unknown),
+            (b"", b"", Opening::Unknown),
+        ] {
+            let mut client = tokio::net::TcpStream::connect(addr).await.unwrap();
+            let (server, peer) = listener.accept().await.unwrap();
+            client.write_all(first).await.unwrap();
+            if first.is_empty() {
+                client.shutdown().await.unwrap();
+            }
+            let writer = tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(3)).await;
+                let _ = client.write_all(then).await;
+                client
+            });
+            let guard = registry.admit(peer.ip()).unwrap();
+            let (_tx, mut stop) = watch::channel(false);
+            let got = opening(&server, Duration::from_secs(5), &guard.entry, &mut stop).await;
+            assert_eq!(got, want, "{first:?} then {then:?}");
+            // Peeked, not read: every byte is still there for hyper.
+            let _client = writer.await.unwrap();
+            let mut buf = [0u8; 64];
+            let n = server.peek(&mut buf).await.unwrap();
+            assert!(n >= first.len().min(1));
+            assert_eq!(&buf[..first.len().min(n)], &first[..first.len().min(n)]);
+        }
+        // A connection that sends nothing: closed after `wait`, when stopping, or when shed.
+        let (stop_tx, mut stop) = watch::channel(false);
+        for case in ["wait", "shed", "stop"] {
+            let _client = tokio::net::TcpStream::connect(addr).await.unwrap();
+            let (server, peer) = listener.accept().await.unwrap();
+            let guard = registry.admit(peer.ip()).unwrap();
+            let wait = if case == "wait" {
+                Duration::from_millis(20)
+            } else {
+                Duration::from_secs(30)
+            };
+            let entry = guard.entry.clone();
+            let poke = tokio::spawn({
+                let stop_tx = stop_tx.clone();
+                let registry = registry.clone();
+                async move {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    match case {
+                        "stop" => {
+                            let _ = stop_tx.send(true);
+                        }
+                        "shed" => {
+                            registry.shed_idle(16);
+                        }
+                        _ => {}
+                    }
+                }
+            });
+            let got = opening(&server, wait, &entry, &mut stop).await;
+            assert_eq!(got, Opening::Close, "{case}");
+            poke.await.unwrap();
+            drop(guard);
+        }
+    }
 
     /// A head whose values and URI are slices of one "read buffer", as hyper parses it.
     fn head(read_buf: &bytes::Bytes) -> Request<()> {

@@ -300,6 +300,7 @@ fn connection_limits(state: &State, live: Arc<Live>, workers: usize) -> workers:
     );
     let handles = connections::Handles::register(&state.metrics);
     workers::Conns {
+        http1: builder.clone().http1_only(),
         builder,
         service: live::LiveService::new(live, false),
         tls: None,

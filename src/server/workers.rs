@@ -86,6 +86,8 @@ pub fn share(listener: TcpListener, n: usize) -> std::io::Result<Vec<std::net::T
 pub struct Conns {
     /// HTTP/1 + HTTP/2 connection builder.
     pub builder: auto::Builder<TokioExecutor>,
+    /// The same, HTTP/1 only: for a connection known to speak HTTP/1 (no version sniffing).
+    pub http1: auto::Builder<TokioExecutor>,
     /// The request path (follows reloads).
     pub service: LiveService,
     /// Inbound TLS, if configured.
@@ -213,14 +215,31 @@ async fn accept_loop(
                 tasks.spawn(async move {
                     let entry = guard.entry.clone();
                     let (b, svc, keepalive) = (&conns.builder, conns.service, conns.keepalive);
+                    let mut stop = stop;
                     let result = match conns.tls {
-                        None => connection::serve(b, stream, svc, entry, keepalive, stop).await,
+                        None => {
+                            // HTTP/1 from the first byte unless the client opens with h2's
+                            // preface: hyper's read buffer stays 8 KiB (connection docs).
+                            let opening =
+                                connection::opening(&stream, keepalive, &entry, &mut stop).await;
+                            let b = match opening {
+                                connection::Opening::Http1 => &conns.http1,
+                                connection::Opening::Unknown => b,
+                                connection::Opening::Close => return,
+                            };
+                            connection::serve(b, stream, svc, entry, keepalive, stop).await
+                        }
                         Some(acceptor) => {
                             let handshake = acceptor.accept(stream);
                             let Ok(Ok(stream)) =
                                 tokio::time::timeout(Duration::from_secs(10), handshake).await
                             else {
                                 return;
+                            };
+                            // ALPN said HTTP/1.1: no version sniffing (as above).
+                            let b = match stream.get_ref().1.alpn_protocol() {
+                                Some(b"http/1.1") => &conns.http1,
+                                _ => b,
                             };
                             connection::serve(b, stream, svc, entry, keepalive, stop).await
                         }
