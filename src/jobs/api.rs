@@ -87,8 +87,8 @@ async fn job_status(jobs: &Jobs, tenant: &str, id: &str) -> Result<Response<Resp
         .job(tenant, id)
         .await?
         .ok_or(Error::NotFound("job"))?;
-    match (job.state.as_str(), job.status) {
-        (store::state::COMPLETED | store::state::FAILED, Some(status)) => {
+    match (job.state, job.status) {
+        (state, Some(status)) if state.answered_yet() => {
             let mut res = Response::new(ResponseBody::full(job.response.unwrap_or_default()));
             *res.status_mut() =
                 StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
@@ -96,27 +96,21 @@ async fn job_status(jobs: &Jobs, tenant: &str, id: &str) -> Result<Response<Resp
             if let Some(v) = job.resp_type.and_then(|t| HeaderValue::try_from(t).ok()) {
                 h.insert(header::CONTENT_TYPE, v);
             }
-            h.insert(
-                JOB_STATUS_HEADER,
-                HeaderValue::from_str(&job.state).unwrap_or(HeaderValue::from_static("failed")),
-            );
+            h.insert(JOB_STATUS_HEADER, HeaderValue::from_static(state.as_str()));
             Ok(res)
         }
         (state, _) => {
-            let status = if state == store::state::CANCELLED {
+            let status = if state == store::JobState::Cancelled {
                 StatusCode::OK
             } else {
                 StatusCode::ACCEPTED
             };
             let mut res = json(
                 status,
-                &serde_json::json!({"id": id, "object": "fairgate.job", "status": state}),
+                &serde_json::json!({"id": id, "object": "fairgate.job", "status": state.as_str()}),
             );
             let h = res.headers_mut();
-            h.insert(
-                JOB_STATUS_HEADER,
-                HeaderValue::from_str(state).unwrap_or(HeaderValue::from_static("queued")),
-            );
+            h.insert(JOB_STATUS_HEADER, HeaderValue::from_static(state.as_str()));
             if status == StatusCode::ACCEPTED {
                 h.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
             }
@@ -133,7 +127,7 @@ async fn job_cancel(jobs: &Jobs, tenant: &str, id: &str) -> Result<Response<Resp
         .ok_or(Error::NotFound("job"))?;
     Ok(json(
         StatusCode::OK,
-        &serde_json::json!({"id": id, "object": "fairgate.job", "status": state}),
+        &serde_json::json!({"id": id, "object": "fairgate.job", "status": state.as_str()}),
     ))
 }
 

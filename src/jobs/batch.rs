@@ -405,8 +405,8 @@ pub async fn finalize_if_done(jobs: &Jobs, id: &str) -> Result<(), Error> {
             serde_json::from_slice::<Value>(b)
                 .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(b).into_owned()))
         });
-        let (record, ok) = match (line.state.as_str(), line.status) {
-            (store::state::CANCELLED, _) | (_, None) => (
+        let (record, ok) = match (line.state, line.status) {
+            (store::JobState::Cancelled, _) | (_, None) => (
                 json!({"id": format!("batch_req_{}", line.id), "custom_id": line.custom_id,
                        "response": null,
                        "error": {"code": code, "message": why}}),

@@ -52,8 +52,8 @@ pub const JOB_STATUS_HEADER: &str = "x-fairgate-job-status";
 /// way as every per-tenant series).
 pub trait Meter: Send + Sync + std::fmt::Debug {
     /// `fairgate_jobs{tenant,state}`: jobs by (tenant id, state) now (every state of
-    /// `store::state` not listed for a tenant is 0).
-    fn jobs(&self, counts: &[(String, String, u64)]);
+    /// `store::JobState` not listed for a tenant is 0).
+    fn jobs(&self, counts: &[(String, store::JobState, u64)]);
     /// `fairgate_batch_lines_total{tenant,outcome}`: a batch line of `tenant` finished
     /// (`completed`, `failed`) or was queued again after a passing refusal (`retried`).
     fn line(&self, tenant: &str, outcome: &'static str);

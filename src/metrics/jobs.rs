@@ -9,7 +9,7 @@ use metrics::{Key, Label, Recorder, SharedString};
 
 use super::{Metrics, META};
 use crate::domain::TenantId;
-use crate::jobs::store::state;
+use crate::jobs::store::JobState;
 
 impl Metrics {
     fn jobs_label(&self, tenant: &str) -> SharedString {
@@ -21,7 +21,7 @@ impl Metrics {
 }
 
 impl crate::jobs::Meter for Metrics {
-    fn jobs(&self, counts: &[(String, String, u64)]) {
+    fn jobs(&self, counts: &[(String, JobState, u64)]) {
         let mut sums: std::collections::HashMap<(SharedString, &'static str), u64> =
             std::collections::HashMap::new();
         for label in self
@@ -30,29 +30,13 @@ impl crate::jobs::Meter for Metrics {
             .cloned()
             .chain([SharedString::const_str("other")])
         {
-            for s in [
-                state::QUEUED,
-                state::RUNNING,
-                state::COMPLETED,
-                state::FAILED,
-                state::CANCELLED,
-            ] {
-                sums.insert((label.clone(), s), 0);
+            for s in JobState::ALL {
+                sums.insert((label.clone(), s.as_str()), 0);
             }
         }
         for (tenant, st, n) in counts {
             let label = self.jobs_label(tenant);
-            if let Some(v) = [
-                state::QUEUED,
-                state::RUNNING,
-                state::COMPLETED,
-                state::FAILED,
-                state::CANCELLED,
-            ]
-            .into_iter()
-            .find(|s| s == st)
-            .and_then(|s| sums.get_mut(&(label, s)))
-            {
+            if let Some(v) = sums.get_mut(&(label, st.as_str())) {
                 *v += n;
             }
         }

@@ -15,6 +15,8 @@
 //! recorded twice; a batch is finalized (its output and error files written) by one
 //! compare-and-set on its status, exactly once whichever replica finishes its last line.
 
+#[cfg(test)]
+mod contract;
 pub mod redis;
 pub mod sqlite;
 
@@ -54,29 +56,78 @@ pub const CHUNK_BYTES: usize = 256 * 1024;
 /// Store results.
 pub type Result<T> = std::result::Result<T, StoreError>;
 
-/// States a job can be in.
 /// Most batches one [`Store::due_batches`] call returns.
 pub const DUE_BATCHES: usize = 1000;
 
-pub mod state {
+/// The state a job is in (stored by its name, [`JobState::as_str`]; a stored name that is
+/// none of these is a corrupt record: an error, never a default).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum JobState {
     /// Waiting for a runner.
-    pub const QUEUED: &str = "queued";
+    Queued,
     /// Claimed by a runner and sent through the stack.
-    pub const RUNNING: &str = "running";
+    Running,
     /// Answered 2xx.
-    pub const COMPLETED: &str = "completed";
+    Completed,
     /// Answered anything else.
-    pub const FAILED: &str = "failed";
+    Failed,
     /// Cancelled before it ran.
-    pub const CANCELLED: &str = "cancelled";
+    Cancelled,
+}
+
+impl JobState {
+    /// Every state, in the order `fairgate_jobs` lists them.
+    pub const ALL: [JobState; 5] = [
+        JobState::Queued,
+        JobState::Running,
+        JobState::Completed,
+        JobState::Failed,
+        JobState::Cancelled,
+    ];
+
+    /// The stored (and shown) name.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            JobState::Queued => "queued",
+            JobState::Running => "running",
+            JobState::Completed => "completed",
+            JobState::Failed => "failed",
+            JobState::Cancelled => "cancelled",
+        }
+    }
+
+    /// The state named `name`, if any.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|s| s.as_str() == name)
+    }
 
     /// The state a job's answer with HTTP `status` leaves it in.
-    pub fn answered(status: u16) -> &'static str {
+    pub fn answered(status: u16) -> Self {
         if (200..300).contains(&status) {
-            COMPLETED
+            JobState::Completed
         } else {
-            FAILED
+            JobState::Failed
         }
+    }
+
+    /// Whether the job has its answer (completed or failed).
+    pub fn answered_yet(self) -> bool {
+        matches!(self, JobState::Completed | JobState::Failed)
+    }
+}
+
+impl std::fmt::Display for JobState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl rusqlite::types::FromSql for JobState {
+    fn column_result(v: rusqlite::types::ValueRef<'_>) -> rusqlite::types::FromSqlResult<Self> {
+        let name = v.as_str()?;
+        JobState::parse(name).ok_or_else(|| {
+            rusqlite::types::FromSqlError::Other(format!("no job state {name:?}").into())
+        })
     }
 }
 
@@ -98,8 +149,8 @@ pub struct NewJob {
 /// A stored job.
 #[derive(Debug, Clone)]
 pub struct Job {
-    /// Its state (see [`state`]).
-    pub state: String,
+    /// Its state.
+    pub state: JobState,
     /// The answer's status, once finished.
     pub status: Option<u16>,
     /// The answer's content type.
@@ -150,7 +201,7 @@ pub struct Line {
     /// The client's `custom_id`.
     pub custom_id: String,
     /// State.
-    pub state: String,
+    pub state: JobState,
     /// Status.
     pub status: Option<u16>,
     /// Body.
@@ -244,7 +295,7 @@ impl Store {
     }
 
     /// Cancels the queued job `id` of `tenant`; its state after (`None`: no such job).
-    pub async fn cancel(&self, tenant: &str, id: &str) -> Result<Option<String>> {
+    pub async fn cancel(&self, tenant: &str, id: &str) -> Result<Option<JobState>> {
         let (t, i) = (tenant.to_owned(), id.to_owned());
         dispatch!(self, |s| s.cancel(&t, &i), |r| r.cancel(tenant, id))
     }
@@ -486,7 +537,7 @@ impl Store {
     }
 
     /// Jobs by (tenant, state), for `fairgate_jobs`.
-    pub async fn states(&self) -> Result<Vec<(String, String, u64)>> {
+    pub async fn states(&self) -> Result<Vec<(String, JobState, u64)>> {
         dispatch!(self, |s| s.states(), |r| r.states())
     }
 }

@@ -31,7 +31,7 @@ use std::sync::Arc;
 
 use redis::{Script, ScriptInvocation, Value};
 
-use super::{now, state, Claimed, Counts, File, Job, Line, NewJob, Result, StoreError};
+use super::{now, Claimed, Counts, File, Job, JobState, Line, NewJob, Result, StoreError};
 
 /// Seconds an upload's chunks live without a new one before it is committed (a replica that
 /// died mid-upload leaves them at most this long).
@@ -127,6 +127,14 @@ fn fields<const N: usize>(v: Value) -> Result<[Value; N]> {
     a.try_into().map_err(|_| StoreError::Shape)
 }
 
+/// A stored job state; a name that is no state is a corrupt record.
+fn job_state(v: Value) -> Result<JobState> {
+    string(v)
+        .as_deref()
+        .and_then(JobState::parse)
+        .ok_or(StoreError::Shape)
+}
+
 fn strings(v: Value) -> Result<Vec<String>> {
     Ok(array(v)?.into_iter().filter_map(string).collect())
 }
@@ -209,16 +217,19 @@ impl RedisStore {
         }
         let [state, status, resp_type, response] = fields(v)?;
         Ok(Some(Job {
-            state: string(state).ok_or(StoreError::Shape)?,
+            state: job_state(state)?,
             status: int(&status).map(|s| s as u16),
             resp_type: opt(resp_type),
             response: bytes(response),
         }))
     }
 
-    pub(super) async fn cancel(&self, tenant: &str, id: &str) -> Result<Option<String>> {
+    pub(super) async fn cancel(&self, tenant: &str, id: &str) -> Result<Option<JobState>> {
         let args = [a(tenant), a(id), a(now())];
-        Ok(string(self.call(&scripts::CANCEL, &args).await?))
+        match self.call(&scripts::CANCEL, &args).await? {
+            Value::Nil => Ok(None),
+            v => job_state(v).map(Some),
+        }
     }
 
     pub(super) async fn queued_tenants(&self) -> Result<Vec<String>> {
@@ -277,7 +288,7 @@ impl RedisStore {
         resp_type: Option<&str>,
         body: &[u8],
     ) -> Result<bool> {
-        let st = state::answered(status);
+        let st = JobState::answered(status).as_str();
         let args = [
             a(id),
             a(token),
@@ -437,7 +448,7 @@ impl RedisStore {
                 Ok(Line {
                     id: string(id).ok_or(StoreError::Shape)?,
                     custom_id: string(custom_id).unwrap_or_default(),
-                    state: string(state).unwrap_or_default(),
+                    state: job_state(state)?,
                     status: int(&status).map(|s| s as u16),
                     response: bytes(response),
                 })
@@ -515,7 +526,7 @@ impl RedisStore {
         Ok(int(&v).map_or(0, |t| now().saturating_sub(t.max(0) as u64)))
     }
 
-    pub(super) async fn states(&self) -> Result<Vec<(String, String, u64)>> {
+    pub(super) async fn states(&self) -> Result<Vec<(String, JobState, u64)>> {
         let flat = array(self.call(&scripts::STATES, &[]).await?)?;
         let mut out = Vec::new();
         let mut it = flat.into_iter();
@@ -527,6 +538,7 @@ impl RedisStore {
             }) else {
                 continue;
             };
+            let st = JobState::parse(&st).ok_or(StoreError::Shape)?;
             if n > 0 {
                 out.push((tenant, st, n));
             }

@@ -19,7 +19,7 @@ use std::sync::Mutex;
 
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
-use super::{now, state, Claimed, Counts, File, Job, Line, NewJob, CHUNK_BYTES};
+use super::{now, Claimed, Counts, File, Job, JobState, Line, NewJob, CHUNK_BYTES};
 
 /// SQLite errors.
 pub type Result<T> = std::result::Result<T, rusqlite::Error>;
@@ -153,7 +153,7 @@ impl Sqlite {
     }
 
     /// Cancels the queued job `id` of `tenant`; its state after (`None`: no such job).
-    pub fn cancel(&self, tenant: &str, id: &str) -> Result<Option<String>> {
+    pub fn cancel(&self, tenant: &str, id: &str) -> Result<Option<JobState>> {
         self.with(|c| {
             c.execute(
                 "UPDATE jobs SET state = 'cancelled', finished = ?3 WHERE id = ?1 AND tenant = ?2 AND state = 'queued'",
@@ -234,7 +234,7 @@ impl Sqlite {
         resp_type: Option<&str>,
         body: &[u8],
     ) -> Result<bool> {
-        let st = state::answered(status);
+        let st = JobState::answered(status).as_str();
         self.with(|c| {
             c.execute(
                 "UPDATE jobs SET state = ?2, status = ?3, resp_type = ?4, response = ?5, finished = ?6 \
@@ -600,7 +600,7 @@ impl Sqlite {
     }
 
     /// Jobs by (tenant, state), for `fairgate_jobs`.
-    pub fn states(&self) -> Result<Vec<(String, String, u64)>> {
+    pub fn states(&self) -> Result<Vec<(String, JobState, u64)>> {
         self.with(|c| {
             let mut st =
                 c.prepare("SELECT tenant, state, COUNT(*) FROM jobs GROUP BY tenant, state")?;
@@ -672,9 +672,12 @@ mod tests {
         let s = Sqlite::open(&path).unwrap();
         assert_eq!(
             s.job("a", &claimed[0].id).unwrap().unwrap().state,
-            "completed"
+            JobState::Completed
         );
-        assert_eq!(s.job("a", &running[0].id).unwrap().unwrap().state, "queued");
+        assert_eq!(
+            s.job("a", &running[0].id).unwrap().unwrap().state,
+            JobState::Queued
+        );
         assert_eq!(s.usage("a").unwrap().0, 1);
         assert!(s.cleanup(now() + 10).unwrap() >= 1);
         assert!(s.job("a", &claimed[0].id).unwrap().is_none(), "retention");

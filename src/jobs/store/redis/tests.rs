@@ -131,7 +131,10 @@ async fn a_late_completion_of_a_reclaimed_claim_is_not_recorded() {
         !s.finish("j1", t1, 200, None, b"late").await.unwrap(),
         "the completion under the reclaimed claim is discarded"
     );
-    assert_eq!(s.job("a", "j1").await.unwrap().unwrap().state, "running");
+    assert_eq!(
+        s.job("a", "j1").await.unwrap().unwrap().state,
+        JobState::Running
+    );
     assert!(s.finish("j1", t2, 200, None, b"ok").await.unwrap());
     assert!(
         !s.finish("j1", t2, 200, None, b"again").await.unwrap(),
@@ -147,7 +150,7 @@ async fn a_late_completion_of_a_reclaimed_claim_is_not_recorded() {
     assert_eq!(j.response.as_deref(), Some(&b"ok"[..]));
     assert_eq!(s.usage("a").await.unwrap(), (0, 4), "body + one answer");
     let states = s.states().await.unwrap();
-    assert_eq!(states, [("a".into(), "completed".into(), 1)]);
+    assert_eq!(states, [("a".into(), JobState::Completed, 1)]);
 }
 
 #[tokio::test]
@@ -463,4 +466,25 @@ async fn files_are_stored_and_read_in_chunks_and_an_abandoned_upload_leaves_none
     assert!(s.delete_file("a", "f1").await.unwrap());
     assert_eq!(exists("f1").await, 0);
     assert_eq!(s.usage("a").await.unwrap().1, 0);
+}
+
+#[tokio::test]
+async fn redis_keeps_the_contract() {
+    let Some(srv) = server() else { return };
+    let s = super::super::Store::Redis(store(&srv, 60_000).await);
+    let port = srv.port;
+    super::super::contract::run(&s, |id| async move {
+        let mut c = redis::Client::open(format!("redis://127.0.0.1:{port}"))
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let _: () = redis::cmd("HSET")
+            .arg(format!("{{fgtest}}:jobs:j:{id}"))
+            .arg(&["state", "bogus"])
+            .query_async(&mut c)
+            .await
+            .unwrap();
+    })
+    .await;
 }
