@@ -220,20 +220,24 @@ async fn accept_loop(
                         None => {
                             // HTTP/1 from the first byte unless the client opens with h2's
                             // preface: hyper's read buffer stays 8 KiB (connection docs).
-                            let opening =
-                                connection::opening(&stream, keepalive, &entry, &mut stop).await;
+                            // Boxed, as the handshake below: inline, either would size the
+                            // task of every connection for as long as it lives.
+                            let opening = Box::pin(connection::opening(
+                                &stream, keepalive, &entry, &mut stop,
+                            ))
+                            .await;
                             let b = match opening {
                                 connection::Opening::Http1 => &conns.http1,
                                 connection::Opening::Unknown => b,
                                 connection::Opening::Close => return,
                             };
-                            connection::serve(b, stream, svc, entry, keepalive, stop).await
+                            Box::pin(connection::serve(b, stream, svc, entry, keepalive, stop)).await
                         }
                         Some(acceptor) => {
                             let handshake = acceptor.accept(stream);
-                            let Ok(Ok(stream)) =
-                                tokio::time::timeout(Duration::from_secs(10), handshake).await
-                            else {
+                            let handshake =
+                                Box::pin(tokio::time::timeout(Duration::from_secs(10), handshake));
+                            let Ok(Ok(stream)) = handshake.await else {
                                 return;
                             };
                             // ALPN said HTTP/1.1: no version sniffing (as above).
@@ -241,7 +245,7 @@ async fn accept_loop(
                                 Some(b"http/1.1") => &conns.http1,
                                 _ => b,
                             };
-                            connection::serve(b, stream, svc, entry, keepalive, stop).await
+                            Box::pin(connection::serve(b, stream, svc, entry, keepalive, stop)).await
                         }
                     };
                     drop(guard);
