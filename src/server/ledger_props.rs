@@ -4,7 +4,9 @@
 //! sockets. After every request, what the tenant's token ledger was charged minus what it was
 //! refunded equals the reconciled usage of what reached the provider (plus one charge per
 //! retried attempt), the fair queue's served tokens equal the same cost in credit, and each
-//! admission is settled at most once (the store's corrections are counted).
+//! admission is settled at most once (the store's corrections are counted). The tenant also has
+//! a (never reached) day budget: the usage ledger's totals equal the sum of the usage of every
+//! request that reached the provider, whatever its ending, and nothing stays reserved.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -214,6 +216,7 @@ fn rig() -> Rig {
          [[upstreams]]\nname = \"u\"\nbase_url = \"http://127.0.0.1:9/v1\"\nmodels = [\"m\"]\n\
          max_concurrency = 1\n\
          [[tenants]]\nid = \"a\"\napi_keys = [\"ka\"]\ntokens_per_minute = 2000000000\n\
+         budgets = [{ period = \"day\", tokens = 1000000000000 }]\n\
          [[tenants]]\nid = \"b\"\napi_keys = [\"kb\"]\n",
     )
     .unwrap();
@@ -311,15 +314,32 @@ impl Rig {
         panic!("request {idx} never reached the provider");
     }
 
+    /// Tenant `a`'s usage ledger: (requests, input + output tokens), and what its budget holds
+    /// reserved.
+    async fn ledger(&self) -> ((u64, u64), u64) {
+        let spending = self.state.admission.budgets.spending();
+        let q = crate::budget::ledger::Query {
+            tenant: Some("a".to_owned()),
+            from: "0000-01-01".to_owned(),
+            to: "9999-12-31".to_owned(),
+        };
+        let rows = spending.usage(q).await.unwrap();
+        let sum = rows.iter().fold((0, 0), |(n, t), (_, r)| {
+            (n + r.requests, t + r.input_tokens + r.output_tokens)
+        });
+        (sum, spending.reserved(&TenantId::new("a")).tokens)
+    }
+
     /// Runs one request of tenant `a` ending as `ending`; returns what it must have cost:
-    /// (net tokens charged to its ledger, fair-queue tokens served, corrections made).
+    /// (net tokens charged to its ledger, fair-queue tokens served, corrections made), and
+    /// what it adds to the usage ledger (requests, tokens).
     async fn run(
         &self,
         idx: usize,
         answer: Answer,
         ending: Ending,
         max_tokens: u64,
-    ) -> (i64, u64, u32) {
+    ) -> ((i64, u64, u32), (u64, u64)) {
         let stream = matches!(answer, Answer::Sse(..) | Answer::Long);
         let answer = match ending {
             Ending::GoneInFlight => Answer::Hang,
@@ -386,8 +406,8 @@ impl Rig {
         }
         let ctx = self.provider.seen.lock().unwrap().get(&idx).cloned();
         let Some(ctx) = ctx.filter(|_| !matches!(ending, Ending::GoneQueued)) else {
-            // Never reached the provider: charged, then refunded once.
-            return (0, 0, 1);
+            // Never reached the provider: charged, then refunded once; nothing in the ledger.
+            return ((0, 0, 1), (0, 0));
         };
         // Reached the provider: settled from the usage once it is written, off-thread too.
         if !matches!(answer, Answer::Error | Answer::Hang) {
@@ -415,7 +435,8 @@ impl Rig {
         let rate = base + u64::from(retries) * charge;
         let served = usage.map_or(d.charged.0, |u| u.cost.0) + u64::from(retries) * d.charged.0;
         let corrections = retries + u32::from(usage.is_some());
-        (i64::try_from(rate).unwrap(), served, corrections)
+        let billed = usage.map_or((0, 0), |u| (1, u.tokens.total().0));
+        ((i64::try_from(rate).unwrap(), served, corrections), billed)
     }
 }
 
@@ -429,14 +450,20 @@ proptest! {
             let rig = rig();
             let a = TenantId::new("a");
             let (mut want_net, mut want_corr) = (0i64, 0u32);
+            let mut want_bill = (0u64, 0u64);
             for (n, (answer, ending, max_tokens)) in cases.into_iter().enumerate() {
-                let (net, want_served, corr) = rig.run(2 * n, answer, ending, max_tokens).await;
+                let ((net, want_served, corr), billed) =
+                    rig.run(2 * n, answer, ending, max_tokens).await;
                 want_net += net;
                 want_corr += corr;
+                want_bill = (want_bill.0 + billed.0, want_bill.1 + billed.1);
                 // Guards still finishing (off-thread counting): a bounded number of looks.
                 let mut got_served = rig.served();
                 for _ in 0..2000 {
-                    if rig.store.net(&a) == (want_net, want_corr) && got_served == want_served {
+                    if rig.store.net(&a) == (want_net, want_corr)
+                        && got_served == want_served
+                        && rig.ledger().await == (want_bill, 0)
+                    {
                         break;
                     }
                     tokio::time::sleep(Duration::from_millis(1)).await;
@@ -457,6 +484,13 @@ proptest! {
                     ending
                 );
                 prop_assert_eq!(rig.state.pools[0].load(), (0, 0), "the permit came back");
+                prop_assert_eq!(
+                    rig.ledger().await,
+                    (want_bill, 0),
+                    "usage ledger (requests, tokens) and budget reserved after {:?} / {:?}",
+                    answer,
+                    ending
+                );
             }
             Ok(())
         })?;
