@@ -291,8 +291,23 @@ pub async fn doc(jobs: &Jobs, tenant: &str, id: &str) -> Result<Value, Error> {
     with_counts(jobs, id, &raw).await
 }
 
+/// A stored batch document: a JSON object with a string `id`, or the error a corrupt record is
+/// (never `Null`, which a later patch would silently turn into a fresh object).
+fn stored(raw: &str) -> Result<Value, Error> {
+    match serde_json::from_str::<Value>(raw) {
+        Ok(doc) if doc["id"].is_string() => Ok(doc),
+        _ => {
+            tracing::warn!(
+                bytes = raw.len(),
+                "jobs: a stored batch document is corrupt"
+            );
+            Err(Error::Store(store::StoreError::Shape))
+        }
+    }
+}
+
 async fn with_counts(jobs: &Jobs, id: &str, raw: &str) -> Result<Value, Error> {
-    let mut doc: Value = serde_json::from_str(raw).unwrap_or(Value::Null);
+    let mut doc = stored(raw)?;
     let c = jobs.store().counts(id).await?;
     if c.total > 0 {
         doc["request_counts"] =
@@ -327,10 +342,7 @@ pub async fn list(
     let has_more = raws.len() > limit;
     let mut data = Vec::new();
     for raw in raws.iter().take(limit) {
-        let id = serde_json::from_str::<Value>(raw)
-            .ok()
-            .and_then(|d| d["id"].as_str().map(str::to_owned))
-            .unwrap_or_default();
+        let id = stored(raw)?["id"].as_str().unwrap_or_default().to_owned();
         data.push(with_counts(jobs, &id, raw).await?);
     }
     let first = data.first().map(|d| d["id"].clone());
@@ -348,7 +360,7 @@ pub async fn cancel(jobs: &Jobs, tenant: &str, id: &str) -> Result<Response<Resp
         .batch(tenant, id)
         .await?
         .ok_or(Error::NotFound("batch"))?;
-    let mut doc: Value = serde_json::from_str(&raw).unwrap_or(Value::Null);
+    let mut doc = stored(&raw)?;
     if doc["status"] == "in_progress" {
         doc["status"] = json!("cancelling");
         doc["cancelling_at"] = json!(store::now());
@@ -375,8 +387,10 @@ pub async fn finalize_if_done(jobs: &Jobs, id: &str) -> Result<(), Error> {
     let Some(tenant) = store.batch_tenant(id).await? else {
         return Ok(());
     };
-    let raw = store.batch(&tenant, id).await?.unwrap_or_default();
-    let mut doc: Value = serde_json::from_str(&raw).unwrap_or(Value::Null);
+    let Some(raw) = store.batch(&tenant, id).await? else {
+        return Ok(());
+    };
+    let mut doc = stored(&raw)?;
     // An expired batch was stopped like a cancelled one (`expire_due`), marked by `expired_at`.
     let expiring = doc["status"] == "finalizing" && doc["expired_at"].is_u64();
     let cancelling = doc["status"] == "cancelling" || expiring;
@@ -487,7 +501,8 @@ pub async fn expire_due(jobs: &Jobs) -> Result<usize, Error> {
     let store = jobs.store();
     let mut expired = 0;
     for (tenant, id, raw) in store.due_batches(store::now()).await? {
-        let mut doc: Value = serde_json::from_str(&raw).unwrap_or(Value::Null);
+        // A corrupt document is logged and skipped: it must not stop the others expiring.
+        let Ok(mut doc) = stored(&raw) else { continue };
         doc["status"] = json!("finalizing");
         doc["expired_at"] = json!(store::now());
         if store.cancel_batch(&tenant, &id, &doc.to_string()).await? {
@@ -501,6 +516,16 @@ pub async fn expire_due(jobs: &Jobs) -> Result<usize, Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[test]
+    fn a_corrupt_stored_batch_document_is_an_error_not_null() {
+        for raw in ["", "not json", "null", "[]", r#"{"status":"in_progress"}"#] {
+            assert!(
+                matches!(stored(raw), Err(Error::Store(store::StoreError::Shape))),
+                "{raw:?}"
+            );
+        }
+        assert_eq!(stored(r#"{"id":"b1"}"#).unwrap()["id"], "b1");
+    }
 
     #[test]
     fn completion_windows_are_durations_up_to_a_week() {
