@@ -41,6 +41,7 @@ pub mod route;
 pub mod scheduler;
 pub mod server;
 pub mod sim;
+pub mod stage;
 pub mod tenant;
 pub mod upstream;
 pub mod usage;

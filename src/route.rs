@@ -10,8 +10,6 @@
 
 pub mod catalog;
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -22,6 +20,7 @@ use http::{Method, Request, Response, StatusCode};
 use crate::body::is_json_endpoint;
 use crate::error::ApiError;
 use crate::response::ResponseBody;
+use crate::stage::BoxFuture;
 use crate::upstream::Upstream;
 
 pub use crate::context::Route;
@@ -193,7 +192,6 @@ pub struct Service<S> {
 }
 
 type Res = Result<Response<ResponseBody>, crate::Error>;
-type BoxFuture = Pin<Box<dyn Future<Output = Res> + Send>>;
 
 impl<S> tower::Service<Request<Bytes>> for Service<S>
 where
@@ -201,7 +199,7 @@ where
 {
     type Response = Response<ResponseBody>;
     type Error = crate::Error;
-    type Future = Either<Either<Ready<Res>, BoxFuture>, S::Future>;
+    type Future = Either<Either<Ready<Res>, BoxFuture<Res>>, S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), crate::Error>> {
         self.inner.poll_ready(cx)

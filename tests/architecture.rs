@@ -131,8 +131,8 @@ fn cycles(graph: &Graph) -> Vec<BTreeSet<String>> {
 type Allowed = BTreeMap<String, Option<BTreeSet<String>>>;
 
 /// The leaves that `vocabulary` stands for in the table.
-const VOCABULARY: [&str; 7] = [
-    "context", "domain", "error", "response", "config", "log", "worker",
+const VOCABULARY: [&str; 8] = [
+    "context", "domain", "error", "response", "config", "log", "worker", "stage",
 ];
 
 /// The backticked names in `cell`.

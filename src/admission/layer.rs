@@ -25,10 +25,8 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use futures_util::future::BoxFuture;
 use http::{Request, Response};
 
 use super::{deadline, Admission, Error as AdmissionError};
@@ -151,143 +149,123 @@ impl Drop for Reconcile {
     }
 }
 
-/// Holds the shared admission state.
+/// The admission stage: holds the shared admission state.
 #[derive(Clone)]
-pub struct Layer(pub Arc<Admission>);
+pub struct Admit(Arc<Admission>);
 
-impl<S> tower::Layer<S> for Layer {
-    type Service = Service<S>;
-    fn layer(&self, inner: S) -> Service<S> {
-        Service {
-            admission: self.0.clone(),
-            inner,
-        }
+impl From<Arc<Admission>> for Admit {
+    fn from(a: Arc<Admission>) -> Self {
+        Self(a)
     }
 }
 
-/// See the module docs.
-#[derive(Clone)]
-pub struct Service<S> {
-    admission: Arc<Admission>,
-    inner: S,
-}
+/// The admission layer (`Layer::new(admission)`).
+pub type Layer = crate::stage::Layer<Admit>;
 
-impl<S> tower::Service<Request<Bytes>> for Service<S>
+impl<S> crate::stage::Stage<Request<Bytes>, S> for Admit
 where
-    S: tower::Service<Request<Bytes>, Response = Response<ResponseBody>, Error = Error>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
+    S: crate::stage::Below<Request<Bytes>, Response<ResponseBody>, Error>,
 {
-    type Response = Response<ResponseBody>;
-    type Error = Error;
-    type Future = BoxFuture<'static, Result<Self::Response, Error>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: Request<Bytes>) -> Self::Future {
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
-        let adm = self.admission.clone();
-        Box::pin(async move {
-            let ctx = crate::context::of(&req)?;
-            let tenant = ctx.identity()?.tenant.id.clone();
-            let pool = ctx.route()?.pool;
-            let est = ctx.estimate()?;
-            let limits = adm.limits(&tenant);
-            // 1. Size caps.
-            let parsed = ctx.request()?;
-            super::caps::check(
-                limits,
-                super::caps::Size {
-                    input_tokens: est.input.tokens,
-                    output_cap: est.max_output_tokens,
-                    choices: est.choices,
-                    cap_param: parsed.max_tokens_param,
-                    choices_param: parsed.choices_param,
-                },
-            )?;
-            // A tenant's own provider key that the provider paused: its own limit, said before
-            // the request queues for a pool slot (the retry stage checks again at dispatch).
-            if let Some(e) = adm.own_key_paused(pool, ctx.identity()?, &ctx.request()?.model) {
-                return Err(e);
+    async fn call(
+        self,
+        req: Request<Bytes>,
+        mut inner: S,
+    ) -> Result<Response<ResponseBody>, Error> {
+        let adm = self.0;
+        let ctx = crate::context::of(&req)?;
+        let tenant = ctx.identity()?.tenant.id.clone();
+        let pool = ctx.route()?.pool;
+        let est = ctx.estimate()?;
+        let limits = adm.limits(&tenant);
+        // 1. Size caps.
+        let parsed = ctx.request()?;
+        super::caps::check(
+            limits,
+            super::caps::Size {
+                input_tokens: est.input.tokens,
+                output_cap: est.max_output_tokens,
+                choices: est.choices,
+                cap_param: parsed.max_tokens_param,
+                choices_param: parsed.choices_param,
+            },
+        )?;
+        // A tenant's own provider key that the provider paused: its own limit, said before
+        // the request queues for a pool slot (the retry stage checks again at dispatch).
+        if let Some(e) = adm.own_key_paused(pool, ctx.identity()?, &ctx.request()?.model) {
+            return Err(e);
+        }
+        // 2. Deadline feasibility.
+        let deadline = deadline::from_request(req.headers(), limits.max_queue_wait_ms)?;
+        if let Some(d) = deadline {
+            if let Some(e) = adm.infeasible(pool, &tenant, d) {
+                return Err(e.into());
             }
-            // 2. Deadline feasibility.
-            let deadline = deadline::from_request(req.headers(), limits.max_queue_wait_ms)?;
-            if let Some(d) = deadline {
-                if let Some(e) = adm.infeasible(pool, &tenant, d) {
-                    return Err(e.into());
-                }
-            }
-            // 3. Budgets: the estimate reserved against each (a refusal below drops it: given
-            // back).
-            let reservation = adm
-                .budgets
-                .reserve(&tenant, &ctx.request()?.model, est.charge)
-                .await?;
-            let remaining = reservation.budgeted().then(|| reservation.remaining());
-            // 4. Rate limits.
-            let charge = est.charge;
-            let charged = if adm.store.limited(&tenant) {
-                match adm.store.admit_shared(&tenant, charge).await {
-                    Ok(state) => ctx.set_rate(state),
-                    Err(refusal) => {
-                        if let Some(state) = refusal.state() {
-                            ctx.set_rate(state);
-                        }
-                        return Err(refused(refusal).into());
+        }
+        // 3. Budgets: the estimate reserved against each (a refusal below drops it: given
+        // back).
+        let reservation = adm
+            .budgets
+            .reserve(&tenant, &ctx.request()?.model, est.charge)
+            .await?;
+        let remaining = reservation.budgeted().then(|| reservation.remaining());
+        // 4. Rate limits.
+        let charge = est.charge;
+        let charged = if adm.store.limited(&tenant) {
+            match adm.store.admit_shared(&tenant, charge).await {
+                Ok(state) => ctx.set_rate(state),
+                Err(refusal) => {
+                    if let Some(state) = refusal.state() {
+                        ctx.set_rate(state);
                     }
-                }
-                Some(charge)
-            } else {
-                None
-            };
-            ctx.set_admitted(Admitted { charged, deadline });
-            let stream_limits = StreamLimits {
-                max_output: limits.max_stream_output_tokens,
-                cut_off_over_budget: limits.cut_off_over_budget,
-            };
-            let charged = charged.map(|estimated| {
-                Arc::new(Charged {
-                    store: adm.store.clone(),
-                    tenant: tenant.clone(),
-                    estimated,
-                    streamed: AtomicU64::new(0),
-                    done: AtomicBool::new(false),
-                })
-            });
-            let handoff = Handoff::default();
-            handoff.push(Box::new(Reconcile {
-                charged: charged.clone(),
-                budget: Some(reservation),
-                limits: stream_limits,
-                ctx: ctx.clone(),
-            }));
-            let mut req = req;
-            req.extensions_mut().insert(handoff.clone());
-            let res = inner.call(req).await;
-            match res {
-                Ok(mut res) => {
-                    // No usage stage below took it: tied to this body.
-                    for meter in handoff.take() {
-                        res.body_mut().attach_meter(meter);
-                    }
-                    for (k, v) in remaining.map(remaining_headers).unwrap_or_default() {
-                        res.headers_mut().insert(k, v);
-                    }
-                    Ok(res)
-                }
-                Err(e) => {
-                    if let (true, Some(c)) = (e.never_sent(), &charged) {
-                        c.settle(Charge::default());
-                    }
-                    Err(e)
+                    return Err(refused(refusal).into());
                 }
             }
-        })
+            Some(charge)
+        } else {
+            None
+        };
+        ctx.set_admitted(Admitted { charged, deadline });
+        let stream_limits = StreamLimits {
+            max_output: limits.max_stream_output_tokens,
+            cut_off_over_budget: limits.cut_off_over_budget,
+        };
+        let charged = charged.map(|estimated| {
+            Arc::new(Charged {
+                store: adm.store.clone(),
+                tenant: tenant.clone(),
+                estimated,
+                streamed: AtomicU64::new(0),
+                done: AtomicBool::new(false),
+            })
+        });
+        let handoff = Handoff::default();
+        handoff.push(Box::new(Reconcile {
+            charged: charged.clone(),
+            budget: Some(reservation),
+            limits: stream_limits,
+            ctx: ctx.clone(),
+        }));
+        let mut req = req;
+        req.extensions_mut().insert(handoff.clone());
+        let res = inner.call(req).await;
+        match res {
+            Ok(mut res) => {
+                // No usage stage below took it: tied to this body.
+                for meter in handoff.take() {
+                    res.body_mut().attach_meter(meter);
+                }
+                for (k, v) in remaining.map(remaining_headers).unwrap_or_default() {
+                    res.headers_mut().insert(k, v);
+                }
+                Ok(res)
+            }
+            Err(e) => {
+                if let (true, Some(c)) = (e.never_sent(), &charged) {
+                    c.settle(Charge::default());
+                }
+                Err(e)
+            }
+        }
     }
 }
 

@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 pub use deadline::{Deadline, DEADLINE_HEADER};
 pub use error::Error;
-pub use layer::{Layer, Service};
+pub use layer::{Admit, Layer};
 
 use crate::budget::{Budgets, Spending};
 use crate::config::{Config, TenantLimits};

@@ -19,8 +19,6 @@
 pub mod linger;
 pub mod timeout;
 
-use std::future::Future;
-use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -30,6 +28,7 @@ use http_body_util::BodyExt;
 
 use crate::error::ApiError;
 use crate::response::{BoxError, ResponseBody};
+use crate::stage::BoxFuture;
 
 pub use crate::context::Parsed;
 
@@ -337,8 +336,6 @@ pub struct Service<S> {
     budget: crate::queue::bytes::TenantBudget,
     inner: S,
 }
-
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 impl<S, B> tower::Service<Request<B>> for Service<S>
 where

@@ -19,10 +19,8 @@
 //! removed from the stream).
 
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use futures_util::future::BoxFuture;
 use http::{Request, Response};
 use serde_json::Value;
 use tokio::sync::Semaphore;
@@ -39,9 +37,10 @@ pub const BLOCKING_PERMITS: usize = 4;
 /// Large bodies of one tenant counted at once (half the turns): a flood leaves the rest free.
 pub const BLOCKING_PER_TENANT: usize = BLOCKING_PERMITS / 2;
 
-/// Holds the shared estimator and the blocking-pool semaphores (cloning shares them).
+/// The estimate stage: holds the shared estimator and the blocking-pool semaphores (cloning
+/// shares them).
 #[derive(Clone)]
-pub struct Layer {
+pub struct Counting {
     estimator: Arc<Estimator>,
     blocking: Arc<Semaphore>,
     tenants: Arc<TenantTurns>,
@@ -49,8 +48,17 @@ pub struct Layer {
     counted: Arc<std::sync::atomic::AtomicU64>,
 }
 
-impl Layer {
-    /// A layer counting with `estimator`.
+/// The estimate layer (`Layer::new(estimator)`).
+pub type Layer = crate::stage::Layer<Counting>;
+
+impl From<Arc<Estimator>> for Counting {
+    fn from(estimator: Arc<Estimator>) -> Self {
+        Self::new(estimator)
+    }
+}
+
+impl Counting {
+    /// A stage counting with `estimator`.
     pub fn new(estimator: Arc<Estimator>) -> Self {
         Self {
             estimator,
@@ -115,125 +123,96 @@ impl Drop for TenantTurn {
     }
 }
 
-impl<S> tower::Layer<S> for Layer {
-    type Service = Service<S>;
-    fn layer(&self, inner: S) -> Service<S> {
-        Service {
-            layer: self.clone(),
-            inner,
-        }
-    }
-}
-
-/// See the module docs.
-#[derive(Clone)]
-pub struct Service<S> {
-    layer: Layer,
-    inner: S,
-}
-
-impl<S> tower::Service<Request<Bytes>> for Service<S>
+impl<S> crate::stage::Stage<Request<Bytes>, S> for Counting
 where
-    S: tower::Service<Request<Bytes>, Response = Response<ResponseBody>, Error = crate::Error>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
+    S: crate::stage::Below<Request<Bytes>, Response<ResponseBody>, crate::Error>,
 {
-    type Response = Response<ResponseBody>;
-    type Error = crate::Error;
-    type Future = BoxFuture<'static, Result<Self::Response, crate::Error>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), crate::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, mut req: Request<Bytes>) -> Self::Future {
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
-        let layer = self.layer.clone();
-        Box::pin(async move {
-            let began = tokio::time::Instant::now();
-            let ctx = crate::context::of(&req)?;
-            let endpoint = Endpoint::of_path(req.uri().path())
-                .ok_or_else(|| crate::Error::internal("estimate reached by an unrouted path"))?;
-            let tenant = ctx.identity()?.tenant.id.clone();
-            let parsed = ctx.request()?;
-            let est = &layer.estimator;
-            let input = if req.body().len() <= INLINE_MAX_BYTES {
-                est.count(endpoint, &parsed.model, &parsed.value)
-            } else {
-                // The tenant's turn first: a flood queues on its own semaphore, and the pool's
-                // queue holds at most a few waiters per tenant.
-                let own = layer
-                    .tenants
-                    .acquire(&tenant)
-                    .await
-                    .ok_or(Error::Counting)?;
-                let turn = layer
-                    .blocking
-                    .clone()
-                    .acquire_owned()
-                    .await
-                    .map_err(|_| Error::Counting)?;
-                let (est, ctx, counted) = (est.clone(), ctx.clone(), layer.counted.clone());
-                // The turns move into the task: a client that goes away while its body is
-                // counted does not free them before the counting ends.
-                tokio::task::spawn_blocking(move || {
-                    // Dropped in this order: the pool's turn before the tenant's, so the tenant
-                    // never holds more pool turns than its own.
-                    let turns = (turn, own);
-                    let parsed = ctx.request()?;
-                    let n = est.count(endpoint, &parsed.model, &parsed.value);
-                    counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                    drop(turns);
-                    Ok::<_, crate::Error>(n)
-                })
+    async fn call(
+        self,
+        mut req: Request<Bytes>,
+        mut inner: S,
+    ) -> Result<Response<ResponseBody>, crate::Error> {
+        let layer = self;
+        let began = tokio::time::Instant::now();
+        let ctx = crate::context::of(&req)?;
+        let endpoint = Endpoint::of_path(req.uri().path())
+            .ok_or_else(|| crate::Error::internal("estimate reached by an unrouted path"))?;
+        let tenant = ctx.identity()?.tenant.id.clone();
+        let parsed = ctx.request()?;
+        let est = &layer.estimator;
+        let input = if req.body().len() <= INLINE_MAX_BYTES {
+            est.count(endpoint, &parsed.model, &parsed.value)
+        } else {
+            // The tenant's turn first: a flood queues on its own semaphore, and the pool's
+            // queue holds at most a few waiters per tenant.
+            let own = layer
+                .tenants
+                .acquire(&tenant)
                 .await
-                .map_err(|_| Error::Counting)??
-            };
-            let input = input?;
-            let strip_usage = asks_usage_for_client(endpoint, parsed);
-            if strip_usage {
-                if let Some(body) = with_include_usage(req.body(), &parsed.value) {
-                    *req.body_mut() = body;
-                }
-                // The usage chunk is removed from the stream, which needs plain bytes: a coded
-                // stream would reach the client with that chunk in it.
-                req.headers_mut().insert(
-                    http::header::ACCEPT_ENCODING,
-                    http::HeaderValue::from_static("identity"),
-                );
+                .ok_or(Error::Counting)?;
+            let turn = layer
+                .blocking
+                .clone()
+                .acquire_owned()
+                .await
+                .map_err(|_| Error::Counting)?;
+            let (est, ctx, counted) = (est.clone(), ctx.clone(), layer.counted.clone());
+            // The turns move into the task: a client that goes away while its body is
+            // counted does not free them before the counting ends.
+            tokio::task::spawn_blocking(move || {
+                // Dropped in this order: the pool's turn before the tenant's, so the tenant
+                // never holds more pool turns than its own.
+                let turns = (turn, own);
+                let parsed = ctx.request()?;
+                let n = est.count(endpoint, &parsed.model, &parsed.value);
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                drop(turns);
+                Ok::<_, crate::Error>(n)
+            })
+            .await
+            .map_err(|_| Error::Counting)??
+        };
+        let input = input?;
+        let strip_usage = asks_usage_for_client(endpoint, parsed);
+        if strip_usage {
+            if let Some(body) = with_include_usage(req.body(), &parsed.value) {
+                *req.body_mut() = body;
             }
-            let Output {
-                max_output_tokens,
-                choices,
-                tokens: output,
-            } = output(
-                endpoint,
-                parsed.max_tokens,
-                parsed.choices,
-                &parsed.value,
-                est.config().default_output_tokens,
+            // The usage chunk is removed from the stream, which needs plain bytes: a coded
+            // stream would reach the client with that chunk in it.
+            req.headers_mut().insert(
+                http::header::ACCEPT_ENCODING,
+                http::HeaderValue::from_static("identity"),
             );
-            ctx.set_estimate(Estimate {
-                endpoint,
-                input,
-                max_output_tokens,
-                choices,
-                key: OutputKey::new(tenant, &parsed.model),
-                model_weight: est.model_weight(&parsed.model),
-                encoding: est.encoding(&parsed.model),
-                stream: parsed.stream,
-                strip_usage,
-                charge: Charge {
-                    input: input.tokens,
-                    output,
-                },
-            });
-            ctx.set_estimated_span(began, tokio::time::Instant::now());
-            inner.call(req).await
-        })
+        }
+        let Output {
+            max_output_tokens,
+            choices,
+            tokens: output,
+        } = output(
+            endpoint,
+            parsed.max_tokens,
+            parsed.choices,
+            &parsed.value,
+            est.config().default_output_tokens,
+        );
+        ctx.set_estimate(Estimate {
+            endpoint,
+            input,
+            max_output_tokens,
+            choices,
+            key: OutputKey::new(tenant, &parsed.model),
+            model_weight: est.model_weight(&parsed.model),
+            encoding: est.encoding(&parsed.model),
+            stream: parsed.stream,
+            strip_usage,
+            charge: Charge {
+                input: input.tokens,
+                output,
+            },
+        });
+        ctx.set_estimated_span(began, tokio::time::Instant::now());
+        inner.call(req).await
     }
 }
 

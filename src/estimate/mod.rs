@@ -33,7 +33,7 @@ pub use crate::context::Estimate;
 use crate::domain::{TenantId, Tokens, Weight};
 use crate::error::ApiError;
 
-pub use layer::{Layer, Service, BLOCKING_PERMITS, INLINE_MAX_BYTES};
+pub use layer::{Counting, Layer, BLOCKING_PERMITS, INLINE_MAX_BYTES};
 pub use learn::{History, OutputKey, WINDOW};
 pub use request::{Counter, Endpoint, Input};
 pub use stats::{Stats, TenantStats, BUCKETS};

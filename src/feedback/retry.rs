@@ -36,11 +36,9 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures_util::future::BoxFuture;
 use http::{HeaderValue, Request, Response, StatusCode};
 use rand::Rng;
 
@@ -116,182 +114,155 @@ pub struct Shared {
     pub stats: Arc<RetryStats>,
 }
 
-/// The layer: holds only an `Arc`.
+/// The retry stage: holds only an `Arc`.
 #[derive(Clone)]
-pub struct Layer(Arc<Shared>);
+pub struct Retry(Arc<Shared>);
 
-impl Layer {
-    /// The retry stage over `shared`.
-    pub fn new(shared: Shared) -> Self {
+impl From<Shared> for Retry {
+    fn from(shared: Shared) -> Self {
         Self(Arc::new(shared))
     }
 }
 
-impl<S> tower::Layer<S> for Layer {
-    type Service = Service<S>;
-    fn layer(&self, inner: S) -> Service<S> {
-        Service {
-            shared: self.0.clone(),
-            inner,
-        }
-    }
-}
+/// The retry layer (`Layer::new(shared)`).
+pub type Layer = crate::stage::Layer<Retry>;
 
-/// See the module docs.
-#[derive(Clone)]
-pub struct Service<S> {
-    shared: Arc<Shared>,
-    inner: S,
-}
-
-impl<S> tower::Service<Request<Bytes>> for Service<S>
+impl<S> crate::stage::Stage<Request<Bytes>, S> for Retry
 where
-    S: tower::Service<Request<Bytes>, Response = Response<ResponseBody>, Error = Error>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
+    S: crate::stage::Below<Request<Bytes>, Response<ResponseBody>, Error>,
 {
-    type Response = Response<ResponseBody>;
-    type Error = Error;
-    type Future = BoxFuture<'static, Result<Self::Response, Error>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: Request<Bytes>) -> Self::Future {
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
-        let shared = self.shared.clone();
-        Box::pin(async move {
-            let ctx = crate::context::of(&req)?;
-            let index = ctx.route()?.pool;
-            let pool = shared
-                .capacity
-                .get(index)
-                .cloned()
-                .ok_or_else(|| Error::internal("no capacity controller for the routed pool"))?;
-            let identity = ctx.identity()?;
-            let tenant = identity.tenant.id.clone();
-            // A tenant's own provider keys: their answers teach those keys, not the endpoints.
-            let keys = &identity.tenant.upstream_keys;
-            let model = ctx.request().map(|p| p.model.clone()).unwrap_or_default();
-            let admitted = *ctx.admitted()?;
-            let deadline = admitted.deadline;
-            let mut waited = Duration::ZERO;
-            let mut attempt = 0;
-            // Endpoints this round of attempts has tried (bit i: endpoint i).
-            let mut tried = 0u64;
-            loop {
-                use tower::ServiceExt;
-                let (key_paused, paused_for) =
-                    own_keys_paused(&shared.key_pauses, &pool, index, keys, &tenant, &model);
-                let ready = inner.ready().await?;
-                // A full pool waits for a free endpoint within what is left of the retry wait.
-                let left = shared.policy.max_wait.saturating_sub(waited);
-                let left = deadline.map_or(left, |d| left.min(d.remaining()));
-                let ticket = match pool.pick(&model, tried | key_paused, left).await {
-                    Ok(t) => t,
-                    Err(_) if !paused_for.is_zero() => return Err(KeyPaused(paused_for).into()),
-                    Err(_) => return Err(NoEndpoint(pool.paused_for()).into()),
-                };
-                let ep = ticket.endpoint();
-                let name = pool.endpoint_name(ep).unwrap_or_else(|| Arc::from(""));
-                let own_key = keys.for_endpoint(&name).is_some();
-                ctx.set_endpoint(SentTo {
-                    index: ep,
-                    name: name.clone(),
-                });
-                let mut result = ready.call(crate::upstream::attempt(&req)).await;
-                let (status, wait) = match &result {
-                    Ok(res) if own_key => {
-                        let h = res.headers();
-                        shared
-                            .key_pauses
-                            .observe((index, ep), &tenant, &model, res.status(), h);
-                        if res.status().is_server_error()
-                            && res.status() != StatusCode::SERVICE_UNAVAILABLE
-                        {
-                            pool.fail(&ticket);
-                        }
-                        (res.status(), upstream_wait(h))
+    async fn call(
+        self,
+        req: Request<Bytes>,
+        mut inner: S,
+    ) -> Result<Response<ResponseBody>, Error> {
+        let shared = self.0;
+        let ctx = crate::context::of(&req)?;
+        let index = ctx.route()?.pool;
+        let pool = shared
+            .capacity
+            .get(index)
+            .cloned()
+            .ok_or_else(|| Error::internal("no capacity controller for the routed pool"))?;
+        let identity = ctx.identity()?;
+        let tenant = identity.tenant.id.clone();
+        // A tenant's own provider keys: their answers teach those keys, not the endpoints.
+        let keys = &identity.tenant.upstream_keys;
+        let model = ctx.request().map(|p| p.model.clone()).unwrap_or_default();
+        let admitted = *ctx.admitted()?;
+        let deadline = admitted.deadline;
+        let mut waited = Duration::ZERO;
+        let mut attempt = 0;
+        // Endpoints this round of attempts has tried (bit i: endpoint i).
+        let mut tried = 0u64;
+        loop {
+            use tower::ServiceExt;
+            let (key_paused, paused_for) =
+                own_keys_paused(&shared.key_pauses, &pool, index, keys, &tenant, &model);
+            let ready = inner.ready().await?;
+            // A full pool waits for a free endpoint within what is left of the retry wait.
+            let left = shared.policy.max_wait.saturating_sub(waited);
+            let left = deadline.map_or(left, |d| left.min(d.remaining()));
+            let ticket = match pool.pick(&model, tried | key_paused, left).await {
+                Ok(t) => t,
+                Err(_) if !paused_for.is_zero() => return Err(KeyPaused(paused_for).into()),
+                Err(_) => return Err(NoEndpoint(pool.paused_for()).into()),
+            };
+            let ep = ticket.endpoint();
+            let name = pool.endpoint_name(ep).unwrap_or_else(|| Arc::from(""));
+            let own_key = keys.for_endpoint(&name).is_some();
+            ctx.set_endpoint(SentTo {
+                index: ep,
+                name: name.clone(),
+            });
+            let mut result = ready.call(crate::upstream::attempt(&req)).await;
+            let (status, wait) = match &result {
+                Ok(res) if own_key => {
+                    let h = res.headers();
+                    shared
+                        .key_pauses
+                        .observe((index, ep), &tenant, &model, res.status(), h);
+                    if res.status().is_server_error()
+                        && res.status() != StatusCode::SERVICE_UNAVAILABLE
+                    {
+                        pool.fail(&ticket);
                     }
-                    Ok(res) => {
-                        pool.observe(&ticket, res.status(), res.headers(), &model);
-                        (res.status(), upstream_wait(res.headers()))
-                    }
-                    Err(e) => {
-                        if e.endpoint_failed() {
-                            pool.fail(&ticket);
-                        }
-                        (e.status(), None)
-                    }
-                };
-                let bit = if ep < 64 { 1u64 << ep } else { 0 };
-                let attempted = decide::Attempt {
-                    status,
-                    // Refused or failed before any byte reached the client, with another
-                    // endpoint to go to: sent on at once, charged once.
-                    failover: failover_status(status, &result)
-                        && pool.has_other(tried | bit | key_paused),
-                    own_key,
-                    upstream_wait: wait,
-                };
-                let spent = decide::Spent {
-                    attempt,
-                    waited,
-                    deadline_left: deadline.map(|d| d.remaining()),
-                };
-                let waits = || decide::Waits {
-                    backoff: shared.policy.backoff(attempt),
-                    pool_pause: if own_key {
-                        Duration::ZERO
-                    } else {
-                        pool.paused_for()
-                    },
-                };
-                let backoff = match decide::next(&shared.policy, attempted, spent, waits) {
-                    decide::Next::Answer => {
-                        // The request occupies the endpoint until its body ends.
-                        if let Ok(res) = &mut result {
-                            res.body_mut().attach(Box::new(ticket));
-                        }
-                        return result;
-                    }
-                    decide::Next::FailOver => {
-                        drop(ticket);
-                        pool.count_failover(ep);
-                        shared.stats.failovers.fetch_add(1, Ordering::Relaxed);
-                        tracing::debug!(endpoint = %name, status = status.as_u16(), "failing over");
-                        tried |= bit;
-                        continue;
-                    }
-                    decide::Next::GiveUp(backoff) => {
-                        drop(ticket);
-                        shared.stats.exhausted.fetch_add(1, Ordering::Relaxed);
-                        return result.map(|res| give_up(res, backoff));
-                    }
-                    decide::Next::Retry(backoff) => {
-                        drop(ticket);
-                        backoff
-                    }
-                };
-                drop(result);
-                tokio::time::sleep(backoff).await;
-                waited += backoff;
-                attempt += 1;
-                tried = 0;
-                shared.stats.retries.fetch_add(1, Ordering::Relaxed);
-                // The attempt is the tenant's load, not everyone's: charged to its buckets here
-                // and to its fair-queue credit when the permit is released (the context's
-                // `retries`).
-                if let Some(charge) = admitted.charged {
-                    shared.store.charge(&tenant, charge);
+                    (res.status(), upstream_wait(h))
                 }
-                ctx.add_retry();
+                Ok(res) => {
+                    pool.observe(&ticket, res.status(), res.headers(), &model);
+                    (res.status(), upstream_wait(res.headers()))
+                }
+                Err(e) => {
+                    if e.endpoint_failed() {
+                        pool.fail(&ticket);
+                    }
+                    (e.status(), None)
+                }
+            };
+            let bit = if ep < 64 { 1u64 << ep } else { 0 };
+            let attempted = decide::Attempt {
+                status,
+                // Refused or failed before any byte reached the client, with another
+                // endpoint to go to: sent on at once, charged once.
+                failover: failover_status(status, &result)
+                    && pool.has_other(tried | bit | key_paused),
+                own_key,
+                upstream_wait: wait,
+            };
+            let spent = decide::Spent {
+                attempt,
+                waited,
+                deadline_left: deadline.map(|d| d.remaining()),
+            };
+            let waits = || decide::Waits {
+                backoff: shared.policy.backoff(attempt),
+                pool_pause: if own_key {
+                    Duration::ZERO
+                } else {
+                    pool.paused_for()
+                },
+            };
+            let backoff = match decide::next(&shared.policy, attempted, spent, waits) {
+                decide::Next::Answer => {
+                    // The request occupies the endpoint until its body ends.
+                    if let Ok(res) = &mut result {
+                        res.body_mut().attach(Box::new(ticket));
+                    }
+                    return result;
+                }
+                decide::Next::FailOver => {
+                    drop(ticket);
+                    pool.count_failover(ep);
+                    shared.stats.failovers.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(endpoint = %name, status = status.as_u16(), "failing over");
+                    tried |= bit;
+                    continue;
+                }
+                decide::Next::GiveUp(backoff) => {
+                    drop(ticket);
+                    shared.stats.exhausted.fetch_add(1, Ordering::Relaxed);
+                    return result.map(|res| give_up(res, backoff));
+                }
+                decide::Next::Retry(backoff) => {
+                    drop(ticket);
+                    backoff
+                }
+            };
+            drop(result);
+            tokio::time::sleep(backoff).await;
+            waited += backoff;
+            attempt += 1;
+            tried = 0;
+            shared.stats.retries.fetch_add(1, Ordering::Relaxed);
+            // The attempt is the tenant's load, not everyone's: charged to its buckets here
+            // and to its fair-queue credit when the permit is released (the context's
+            // `retries`).
+            if let Some(charge) = admitted.charged {
+                shared.store.charge(&tenant, charge);
             }
-        })
+            ctx.add_retry();
+        }
     }
 }
 

@@ -2,8 +2,6 @@
 //! `respond-async` request turned into a job, and a job re-entering the stack passed through
 //! with fairgate's own refusals noted for the runner.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -14,6 +12,7 @@ use super::rate::Requests;
 use super::{api, Error, Jobs};
 use crate::context::{Endpoint, JobRun};
 use crate::response::ResponseBody;
+use crate::stage::BoxFuture;
 
 /// Tower layer of the jobs stage: the jobs subsystem (`None`: `[jobs]` is off; `respond-async`
 /// is then ignored, as RFC 7240 allows, and the jobs endpoints answer 404) and the request
@@ -78,8 +77,6 @@ impl Prefer {
         p
     }
 }
-
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 impl<S> tower::Service<Request<Bytes>> for Service<S>
 where

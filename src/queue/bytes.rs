@@ -24,7 +24,6 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures_util::future::BoxFuture;
 use http::{Request, Response};
 
 use super::{FairQueue, QueueError};
@@ -224,7 +223,7 @@ where
 {
     type Response = Response<ResponseBody>;
     type Error = crate::Error;
-    type Future = BoxFuture<'static, Result<Self::Response, crate::Error>>;
+    type Future = crate::stage::BoxFuture<Result<Self::Response, crate::Error>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), crate::Error>> {
         self.inner.poll_ready(cx)

@@ -12,10 +12,8 @@
 //! request without charge; a deadline that passes while queued does the same and answers 504.
 
 use std::sync::Arc;
-use std::task::Poll;
 
 use bytes::Bytes;
-use futures_util::future::BoxFuture;
 use http::{Request, Response, StatusCode};
 
 use super::fair::{FairQueue, QueueError};
@@ -32,31 +30,18 @@ pub trait Observer: Send + Sync {
     fn dispatched(&self, ctx: &Context, dispatch: &Dispatch);
 }
 
-/// Holds the pools' queues, indexed like `[[upstreams]]`, and the grant observer.
+/// The fair-queue stage: holds the pools' queues, indexed like `[[upstreams]]`, and the grant
+/// observer.
 #[derive(Clone)]
-pub struct Layer {
+pub struct Queueing {
     /// One queue per pool.
     pub pools: Arc<[Arc<FairQueue>]>,
     /// Told of every grant.
     pub observer: Arc<dyn Observer>,
 }
 
-impl<S> tower::Layer<S> for Layer {
-    type Service = Service<S>;
-    fn layer(&self, inner: S) -> Self::Service {
-        Service {
-            layer: self.clone(),
-            inner,
-        }
-    }
-}
-
-/// See the module docs.
-#[derive(Clone)]
-pub struct Service<S> {
-    layer: Layer,
-    inner: S,
-}
+/// The fair-queue layer (`Layer::new(Queueing { .. })`).
+pub type Layer = crate::stage::Layer<Queueing>;
 
 /// A granted permit, settled from the context when the response body is done.
 struct Held {
@@ -84,63 +69,50 @@ impl Drop for Held {
     }
 }
 
-impl<S> tower::Service<Request<Bytes>> for Service<S>
+impl<S> crate::stage::Stage<Request<Bytes>, S> for Queueing
 where
-    S: tower::Service<Request<Bytes>, Response = Response<ResponseBody>, Error = Error>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
+    S: crate::stage::Below<Request<Bytes>, Response<ResponseBody>, Error>,
 {
-    type Response = Response<ResponseBody>;
-    type Error = Error;
-    type Future = BoxFuture<'static, Result<Self::Response, Error>>;
-
-    fn poll_ready(&mut self, cx: &mut std::task::Context<'_>) -> Poll<Result<(), Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: Request<Bytes>) -> Self::Future {
-        // The ready clone goes into the future; a fresh clone stays for the next call.
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
-        let layer = self.layer.clone();
-        Box::pin(async move {
-            let pools = &layer.pools;
-            let ctx = crate::context::of(&req)?;
-            let id = ctx.identity()?;
-            let route = *ctx.route()?;
-            let cost = ctx.estimate()?.cost_inputs();
-            let deadline = ctx.admitted()?.deadline;
-            let pool = pools
-                .get(route.pool)
-                .ok_or_else(|| Error::internal("no queue for the routed pool"))?
-                .clone();
-            let acquire = pool.acquire(&id.tenant.id, id.class, id.recovery, cost);
-            // A deadline removes the request from the queue when it passes (the cancel guard of
-            // `acquire` uncharges it) and answers 504.
-            let permit = match deadline {
-                None => acquire.await?,
-                Some(d) => tokio::time::timeout_at(d.at, acquire)
-                    .await
-                    .map_err(|_| QueueError::DeadlineExceeded { budget: d.budget })??,
-            };
-            let dispatch = Dispatch {
-                pool: route.pool,
-                waited: permit.waited(),
-                charged: permit.charged(),
-                at: permit.granted_at(),
-            };
-            ctx.set_dispatch(dispatch);
-            layer.observer.dispatched(&ctx, &dispatch);
-            let held = Held {
-                permit,
-                ctx: ctx.clone(),
-            };
-            let mut res = inner.call(req).await?;
-            res.body_mut().attach_meter(Box::new(held));
-            Ok(res)
-        })
+    async fn call(
+        self,
+        req: Request<Bytes>,
+        mut inner: S,
+    ) -> Result<Response<ResponseBody>, Error> {
+        let layer = self;
+        let pools = &layer.pools;
+        let ctx = crate::context::of(&req)?;
+        let id = ctx.identity()?;
+        let route = *ctx.route()?;
+        let cost = ctx.estimate()?.cost_inputs();
+        let deadline = ctx.admitted()?.deadline;
+        let pool = pools
+            .get(route.pool)
+            .ok_or_else(|| Error::internal("no queue for the routed pool"))?
+            .clone();
+        let acquire = pool.acquire(&id.tenant.id, id.class, id.recovery, cost);
+        // A deadline removes the request from the queue when it passes (the cancel guard of
+        // `acquire` uncharges it) and answers 504.
+        let permit = match deadline {
+            None => acquire.await?,
+            Some(d) => tokio::time::timeout_at(d.at, acquire)
+                .await
+                .map_err(|_| QueueError::DeadlineExceeded { budget: d.budget })??,
+        };
+        let dispatch = Dispatch {
+            pool: route.pool,
+            waited: permit.waited(),
+            charged: permit.charged(),
+            at: permit.granted_at(),
+        };
+        ctx.set_dispatch(dispatch);
+        layer.observer.dispatched(&ctx, &dispatch);
+        let held = Held {
+            permit,
+            ctx: ctx.clone(),
+        };
+        let mut res = inner.call(req).await?;
+        res.body_mut().attach_meter(Box::new(held));
+        Ok(res)
     }
 }
 

@@ -22,7 +22,7 @@ mod pools;
 
 pub use crate::estimate::CostInputs;
 pub use fair::{FairQueue, QueueError, QueueSettings, TenantSettings, WaitInputs};
-pub use layer::{Layer, Observer, Service};
+pub use layer::{Layer, Observer, Queueing};
 pub use permit::Permit;
 pub use pools::{pool, pools, scheduler_config, tenant_settings};
 #[cfg(test)]

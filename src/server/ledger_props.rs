@@ -262,12 +262,12 @@ impl Rig {
             })
             .layer(route::Layer(s.router.clone()))
             .layer(estimate::Layer::new(s.estimator.clone()))
-            .layer(admission::Layer(s.admission.clone()))
+            .layer(admission::Layer::new(s.admission.clone()))
             .layer(usage::Layer(s.estimator.clone()))
-            .layer(queue::Layer {
+            .layer(queue::Layer::new(queue::Queueing {
                 pools: s.pools.clone(),
                 observer: s.metrics.clone(),
-            })
+            }))
             .layer(s.admission.retry_layer())
             .service(tower::service_fn(move |req| provider.clone().answer(req)))
     }

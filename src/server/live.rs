@@ -28,7 +28,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use futures_util::future::{BoxFuture, Either};
+use futures_util::future::Either;
 use http::{Request, Response};
 use hyper::body::Incoming;
 use tower::util::{BoxCloneSyncService, Oneshot};
@@ -226,7 +226,7 @@ thread_local! {
     static CACHED: RefCell<Option<Cached>> = const { RefCell::new(None) };
 }
 
-type StackFuture = BoxFuture<'static, Result<Response<ResponseBody>, Infallible>>;
+type StackFuture = crate::stage::BoxFuture<Result<Response<ResponseBody>, Infallible>>;
 
 impl hyper::service::Service<Request<Incoming>> for LiveService {
     type Response = Response<ResponseBody>;

@@ -161,7 +161,7 @@ mod tests {
         };
         // Admission above estimation: the estimate it charges is not there yet.
         let misordered = top()
-            .layer(admission::Layer(s.admission.clone()))
+            .layer(admission::Layer::new(s.admission.clone()))
             .layer(estimate::Layer::new(s.estimator.clone()))
             .service(ok());
         let m = message(misordered.oneshot(chat()).await.unwrap()).await;
@@ -169,10 +169,10 @@ mod tests {
         // The queue without admission: no deadline decision to honour.
         let unadmitted = top()
             .layer(estimate::Layer::new(s.estimator.clone()))
-            .layer(queue::Layer {
+            .layer(queue::Layer::new(queue::Queueing {
                 pools: s.pools.clone(),
                 observer: s.metrics.clone(),
-            })
+            }))
             .service(ok());
         let m = message(unadmitted.oneshot(chat()).await.unwrap()).await;
         assert!(m.contains("`admission` must run"), "{m}");

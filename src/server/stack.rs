@@ -88,7 +88,7 @@ where
         // Admission: size caps, deadline feasibility and the tenant's rate limits, after routing
         // (the wait is predicted from the routed pool's queue) and estimation (the charge is the
         // estimate), before queueing, so nothing that must be refused takes a queue slot.
-        .layer(admission::Layer(state.admission.clone()))
+        .layer(admission::Layer::new(state.admission.clone()))
         // Reconcile: observes a 2xx body for `usage` and writes the actual cost to the context
         // when it ends or is dropped. Above the queue, so its body wraps the one the permit is
         // attached to: the usage is known before the permit (and admission's ledger) settles.
@@ -96,10 +96,10 @@ where
         // The fair queue of the routed pool: waits for a permit (weighted DRR in tokens) and
         // ties it to the response body so the pool slot lives exactly as long as the stream.
         // After routing (queues are per pool), before upstream.
-        .layer(queue::Layer {
+        .layer(queue::Layer::new(queue::Queueing {
             pools: state.pools.clone(),
             observer: state.metrics.clone(),
-        })
+        }))
         // Which of the provider's answer headers reach the tenant (an allowlist: never the
         // operator's organization, project, cookies or the shared key's x-ratelimit-*): right
         // above feedback, which reads them all, so it applies to the answer finally passed on.

@@ -19,8 +19,6 @@ mod tls;
 
 pub use endpoint::{rewrite_model, Endpoint};
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -34,6 +32,7 @@ use crate::context::Ctx;
 use crate::error::ApiError;
 use crate::response::idle::IdleTimeout;
 use crate::response::ResponseBody;
+use crate::stage::BoxFuture;
 
 /// One provider pool: its name, routing patterns, limits and endpoints (in config order, as
 /// the pool's `feedback::capacity` indexes them).
@@ -258,8 +257,6 @@ impl Service {
         self
     }
 }
-
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 /// A copy of `req` holding what this stage reads — method, URI, version, headers, body, and the
 /// request context — for one more attempt of it (the retry stage). Cheaper than a full clone:

@@ -269,7 +269,7 @@ where
 {
     type Response = http::Response<ResponseBody>;
     type Error = crate::Error;
-    type Future = futures_util::future::BoxFuture<'static, Result<Self::Response, crate::Error>>;
+    type Future = crate::stage::BoxFuture<Result<Self::Response, crate::Error>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), crate::Error>> {
         self.inner.poll_ready(cx)
