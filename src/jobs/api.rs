@@ -2,6 +2,7 @@
 //! OpenAI's files and batches APIs (`/v1/files`, `/v1/batches`) in OpenAI's object shapes.
 //! Every lookup is by (tenant, id): another tenant's id answers 404.
 
+use crate::domain::TenantId;
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 
@@ -35,13 +36,12 @@ pub async fn handle(
             .await
             .map_err(|retry_after| Error::RequestRate { retry_after })?;
     }
-    let tenant = tenant.as_str();
-    Ok(route(jobs, tenant, &req).await?)
+    Ok(route(jobs, &tenant, &req).await?)
 }
 
 async fn route(
     jobs: &Jobs,
-    tenant: &str,
+    tenant: &TenantId,
     req: &Request<Bytes>,
 ) -> Result<Response<ResponseBody>, Error> {
     let path = req.uri().path().to_owned();
@@ -81,7 +81,11 @@ async fn route(
     Ok(res)
 }
 
-async fn job_status(jobs: &Jobs, tenant: &str, id: &str) -> Result<Response<ResponseBody>, Error> {
+async fn job_status(
+    jobs: &Jobs,
+    tenant: &TenantId,
+    id: &str,
+) -> Result<Response<ResponseBody>, Error> {
     let job = jobs
         .store()
         .job(tenant, id)
@@ -119,7 +123,11 @@ async fn job_status(jobs: &Jobs, tenant: &str, id: &str) -> Result<Response<Resp
     }
 }
 
-async fn job_cancel(jobs: &Jobs, tenant: &str, id: &str) -> Result<Response<ResponseBody>, Error> {
+async fn job_cancel(
+    jobs: &Jobs,
+    tenant: &TenantId,
+    id: &str,
+) -> Result<Response<ResponseBody>, Error> {
     let state = jobs
         .store()
         .cancel(tenant, id)
@@ -139,7 +147,7 @@ pub const MAX_FILES_LISTED: usize = 10_000;
 /// list shape); `order=asc` is a 400 (not kept in that order).
 async fn list_files(
     jobs: &Jobs,
-    tenant: &str,
+    tenant: &TenantId,
     query: Option<&str>,
 ) -> Result<Response<ResponseBody>, Error> {
     let (mut after, mut purpose, mut limit) = (None, None, MAX_FILES_LISTED);

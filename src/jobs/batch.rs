@@ -7,6 +7,7 @@
 //! Statuses: `in_progress` at creation (validation is synchronous), `failed` (validation),
 //! `cancelling` → `cancelled`, `completed`.
 
+use crate::domain::TenantId;
 use bytes::Bytes;
 use http::{Response, StatusCode};
 use serde_json::{json, Value};
@@ -183,7 +184,7 @@ impl<'a> Validator<'a> {
 /// at a time: what is held is the jobs made so far and one partial line, never the file.
 async fn validate_stored(
     jobs: &Jobs,
-    tenant: &str,
+    tenant: &TenantId,
     input: &str,
     batch: &str,
     endpoint: &str,
@@ -216,7 +217,7 @@ async fn validate_stored(
 /// `POST /v1/batches`.
 pub async fn create(
     jobs: &Jobs,
-    tenant: &str,
+    tenant: &TenantId,
     body: &Bytes,
 ) -> Result<Response<ResponseBody>, Error> {
     let req: Value = serde_json::from_slice(body)
@@ -282,7 +283,7 @@ pub async fn create(
 }
 
 /// A batch as OpenAI shows it, with its current request counts.
-pub async fn doc(jobs: &Jobs, tenant: &str, id: &str) -> Result<Value, Error> {
+pub async fn doc(jobs: &Jobs, tenant: &TenantId, id: &str) -> Result<Value, Error> {
     let raw = jobs
         .store()
         .batch(tenant, id)
@@ -319,7 +320,7 @@ async fn with_counts(jobs: &Jobs, id: &str, raw: &str) -> Result<Value, Error> {
 /// `GET /v1/batches?after=&limit=`.
 pub async fn list(
     jobs: &Jobs,
-    tenant: &str,
+    tenant: &TenantId,
     query: Option<&str>,
 ) -> Result<Response<ResponseBody>, Error> {
     let mut after = None;
@@ -354,7 +355,11 @@ pub async fn list(
 }
 
 /// `POST /v1/batches/{id}/cancel`: queued lines are cancelled, running ones finish.
-pub async fn cancel(jobs: &Jobs, tenant: &str, id: &str) -> Result<Response<ResponseBody>, Error> {
+pub async fn cancel(
+    jobs: &Jobs,
+    tenant: &TenantId,
+    id: &str,
+) -> Result<Response<ResponseBody>, Error> {
     let raw = jobs
         .store()
         .batch(tenant, id)
@@ -387,6 +392,7 @@ pub async fn finalize_if_done(jobs: &Jobs, id: &str) -> Result<(), Error> {
     let Some(tenant) = store.batch_tenant(id).await? else {
         return Ok(());
     };
+    let tenant = TenantId::new(tenant);
     let Some(raw) = store.batch(&tenant, id).await? else {
         return Ok(());
     };
@@ -505,7 +511,10 @@ pub async fn expire_due(jobs: &Jobs) -> Result<usize, Error> {
         let Ok(mut doc) = stored(&raw) else { continue };
         doc["status"] = json!("finalizing");
         doc["expired_at"] = json!(store::now());
-        if store.cancel_batch(&tenant, &id, &doc.to_string()).await? {
+        if store
+            .cancel_batch(&TenantId::new(tenant), &id, &doc.to_string())
+            .await?
+        {
             expired += 1;
             finalize_if_done(jobs, &id).await?;
         }

@@ -68,7 +68,7 @@ impl Sink {
     }
 
     /// Makes the file `f` of `tenant` visible.
-    async fn commit(mut self, tenant: &str, f: &File) -> Result<(), Error> {
+    async fn commit(mut self, tenant: &TenantId, f: &File) -> Result<(), Error> {
         self.flush().await?;
         self.store.commit_file(tenant, f).await?;
         self.committed = true;
@@ -111,7 +111,7 @@ fn form_error(e: multer::Error, max: u64) -> Error {
 /// `POST /v1/files` (see the module docs).
 pub async fn upload(
     jobs: &Jobs,
-    tenant: &str,
+    tenant: &TenantId,
     req: &Request<Bytes>,
 ) -> Result<Response<ResponseBody>, Error> {
     let c = jobs.config();
@@ -161,7 +161,7 @@ pub async fn upload(
                 let mut lines = Lines::new(c.max_file_lines, jobs.max_line());
                 let mut sink = Sink::new(jobs.store(), &id);
                 let mut bytes = 0u64;
-                let who = TenantId::new(tenant);
+                let who = tenant.clone();
                 while let Some(chunk) = field.chunk().await.map_err(|e| form_error(e, max))? {
                     bytes += chunk.len() as u64;
                     if bytes > max {
@@ -211,7 +211,7 @@ pub async fn upload(
 /// `GET /v1/files/{id}/content` (see the module docs).
 pub async fn download(
     jobs: &Jobs,
-    tenant: &str,
+    tenant: &TenantId,
     id: &str,
 ) -> Result<Response<ResponseBody>, Error> {
     let slot = jobs.transfers().take(tenant)?;
@@ -228,7 +228,7 @@ pub async fn download(
         }
     };
     // Each chunk waits for its bytes of the tenant's rate before it is passed on.
-    let who = TenantId::new(tenant);
+    let who = tenant.clone();
     jobs.bytes().pace(&who, first.len() as u64).await;
     let (s, t, i, j) = (
         store.clone(),

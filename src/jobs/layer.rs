@@ -165,8 +165,7 @@ async fn accept(
 ) -> Result<Response<ResponseBody>, crate::Error> {
     let tenant = ctx.identity()?.tenant.id.clone();
     let body = req.body().clone();
-    jobs.check_limits(tenant.as_str(), 1, body.len() as u64)
-        .await?;
+    jobs.check_limits(&tenant, 1, body.len() as u64).await?;
     let id = super::new_id("job_");
     let job = super::store::NewJob {
         id: id.clone(),
@@ -176,7 +175,7 @@ async fn accept(
         body: body.to_vec(),
     };
     jobs.store()
-        .insert(tenant.as_str(), vec![job], None)
+        .insert(&tenant, vec![job], None)
         .await
         .map_err(Error::from)?;
     jobs.wake();

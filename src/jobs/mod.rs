@@ -34,6 +34,7 @@ pub mod runner;
 pub mod store;
 pub mod transfer;
 
+use crate::domain::TenantId;
 use std::sync::Arc;
 
 use crate::config::JobsConfig;
@@ -56,13 +57,13 @@ pub trait Meter: Send + Sync + std::fmt::Debug {
     fn jobs(&self, counts: &[(String, store::JobState, u64)]);
     /// `fairgate_batch_lines_total{tenant,outcome}`: a batch line of `tenant` finished
     /// (`completed`, `failed`) or was queued again after a passing refusal (`retried`).
-    fn line(&self, tenant: &str, outcome: &'static str);
+    fn line(&self, tenant: &TenantId, outcome: &'static str);
     /// `fairgate_jobs_oldest_queued_seconds`: age of the oldest queued job.
     fn oldest(&self, seconds: u64);
     /// `fairgate_jobs_late_total`: an answer of `tenant`'s job discarded because this replica's
     /// claim no longer held (its lease expired and the job was reclaimed, or it finished
     /// elsewhere).
-    fn late(&self, tenant: &str);
+    fn late(&self, tenant: &TenantId);
 }
 
 /// The jobs subsystem: the store, its limits and the runner's wake-up (cheap to clone).
@@ -160,7 +161,12 @@ impl Jobs {
 
     /// Refuses `adding` more jobs of `bytes` for `tenant` beyond its limits (the Redis store
     /// checks them again atomically as it inserts).
-    pub async fn check_limits(&self, tenant: &str, adding: u64, bytes: u64) -> Result<(), Error> {
+    pub async fn check_limits(
+        &self,
+        tenant: &TenantId,
+        adding: u64,
+        bytes: u64,
+    ) -> Result<(), Error> {
         let (queued, stored) = self.store().usage(tenant).await?;
         let c = self.config();
         if queued.saturating_add(adding) > c.max_queued_jobs_per_tenant {

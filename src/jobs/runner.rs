@@ -51,7 +51,7 @@ const TICK: Duration = Duration::from_secs(1);
 /// How often open batches are checked against their completion window.
 const EXPIRY_CHECK: Duration = Duration::from_secs(2);
 
-type Inflight = Arc<Mutex<HashMap<String, usize>>>;
+type Inflight = Arc<Mutex<HashMap<TenantId, usize>>>;
 
 /// The claims this runner holds: job id → fencing token (renewed while present).
 type Held = Arc<Mutex<HashMap<String, u64>>>;
@@ -62,7 +62,7 @@ struct Slot {
     held: Held,
     id: String,
     token: u64,
-    tenant: String,
+    tenant: TenantId,
     jobs: Jobs,
 }
 
@@ -231,7 +231,7 @@ async fn feed(
 async fn one(jobs: Jobs, dispatch: Dispatch, job: Claimed, slot: Slot) {
     let refused = Arc::new(OnceLock::new());
     let run = JobRun {
-        tenant: TenantId::new(job.tenant.as_str()),
+        tenant: job.tenant.clone(),
         refused: refused.clone(),
     };
     let req = Request::builder()

@@ -17,6 +17,7 @@ use bytes::Bytes;
 use http_body::Frame;
 
 use super::Error;
+use crate::domain::TenantId;
 
 pub use super::store::CHUNK_BYTES;
 
@@ -24,14 +25,14 @@ pub use super::store::CHUNK_BYTES;
 #[derive(Debug)]
 pub struct Transfers {
     per_tenant: usize,
-    open: Mutex<HashMap<String, usize>>,
+    open: Mutex<HashMap<TenantId, usize>>,
 }
 
 /// One open transfer: its tenant's slot, given back on drop.
 #[derive(Debug)]
 pub struct Slot {
     transfers: Arc<Transfers>,
-    tenant: String,
+    tenant: TenantId,
 }
 
 impl Transfers {
@@ -44,9 +45,9 @@ impl Transfers {
     }
 
     /// A slot for one more transfer of `tenant`, or the limit it would pass.
-    pub fn take(self: &Arc<Self>, tenant: &str) -> Result<Slot, Error> {
+    pub fn take(self: &Arc<Self>, tenant: &TenantId) -> Result<Slot, Error> {
         let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
-        let n = open.entry(tenant.to_owned()).or_insert(0);
+        let n = open.entry(tenant.clone()).or_insert(0);
         if *n >= self.per_tenant {
             return Err(Error::Limit {
                 what: "concurrent file transfers (max_transfers_per_tenant)",
@@ -56,12 +57,12 @@ impl Transfers {
         *n += 1;
         Ok(Slot {
             transfers: self.clone(),
-            tenant: tenant.to_owned(),
+            tenant: tenant.clone(),
         })
     }
 
     /// Transfers of `tenant` open now.
-    pub fn open(&self, tenant: &str) -> usize {
+    pub fn open(&self, tenant: &TenantId) -> usize {
         let open = self.open.lock().unwrap_or_else(|p| p.into_inner());
         open.get(tenant).copied().unwrap_or(0)
     }
@@ -207,12 +208,13 @@ mod tests {
     #[test]
     fn a_tenant_has_at_most_its_transfers_and_a_dropped_slot_is_given_back() {
         let t = Transfers::new(2);
-        let (a, _b) = (t.take("a").unwrap(), t.take("a").unwrap());
-        assert!(t.take("a").is_err());
-        let _other = t.take("b").unwrap();
+        let (ta, tb) = (TenantId::new("a"), TenantId::new("b"));
+        let (a, _b) = (t.take(&ta).unwrap(), t.take(&ta).unwrap());
+        assert!(t.take(&ta).is_err());
+        let _other = t.take(&tb).unwrap();
         drop(a);
-        assert_eq!(t.open("a"), 1);
-        let _c = t.take("a").unwrap();
+        assert_eq!(t.open(&ta), 1);
+        let _c = t.take(&ta).unwrap();
     }
 
     #[test]

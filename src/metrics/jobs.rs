@@ -12,9 +12,9 @@ use crate::domain::TenantId;
 use crate::jobs::store::JobState;
 
 impl Metrics {
-    fn jobs_label(&self, tenant: &str) -> SharedString {
+    fn jobs_label(&self, tenant: &TenantId) -> SharedString {
         self.tenants
-            .get(&TenantId::new(tenant))
+            .get(tenant)
             .and_then(|e| self.labels.get(e.label).cloned())
             .unwrap_or_else(|| SharedString::const_str("other"))
     }
@@ -35,7 +35,7 @@ impl crate::jobs::Meter for Metrics {
             }
         }
         for (tenant, st, n) in counts {
-            let label = self.jobs_label(tenant);
+            let label = self.jobs_label(&TenantId::new(tenant.as_str()));
             if let Some(v) = sums.get_mut(&(label, st.as_str())) {
                 *v += n;
             }
@@ -52,7 +52,7 @@ impl crate::jobs::Meter for Metrics {
         }
     }
 
-    fn line(&self, tenant: &str, outcome: &'static str) {
+    fn line(&self, tenant: &TenantId, outcome: &'static str) {
         let key = Key::from_parts(
             "fairgate_batch_lines_total",
             vec![
@@ -63,7 +63,7 @@ impl crate::jobs::Meter for Metrics {
         self.recorder.register_counter(&key, &META).increment(1);
     }
 
-    fn late(&self, tenant: &str) {
+    fn late(&self, tenant: &TenantId) {
         let key = Key::from_parts(
             "fairgate_jobs_late_total",
             vec![Label::new(self.label_key, self.jobs_label(tenant))],

@@ -4,6 +4,8 @@
 //! typed states, files in chunks, batches finalized once, and a corrupt stored state read as an
 //! error, never as a default.
 
+use crate::domain::TenantId;
+
 use super::{File, JobState, NewJob, Store, StoreError, CHUNK_BYTES};
 
 fn job(id: &str, batch: Option<(&str, u32)>) -> NewJob {
@@ -33,28 +35,29 @@ where
     F: FnOnce(String) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
+    let (a, b) = (TenantId::new("a"), TenantId::new("b"));
     // Jobs: per tenant, queued → running → completed, typed.
-    s.insert("a", vec![job("j1", None), job("j2", None)], None)
+    s.insert(&a, vec![job("j1", None), job("j2", None)], None)
         .await
         .unwrap();
-    assert_eq!(s.usage("a").await.unwrap(), (2, 4));
+    assert_eq!(s.usage(&a).await.unwrap(), (2, 4));
     assert!(
-        s.job("b", "j1").await.unwrap().is_none(),
+        s.job(&b, "j1").await.unwrap().is_none(),
         "another tenant's id"
     );
     assert_eq!(
-        s.job("a", "j1").await.unwrap().unwrap().state,
+        s.job(&a, "j1").await.unwrap().unwrap().state,
         JobState::Queued
     );
-    assert_eq!(s.queued_tenants().await.unwrap(), ["a"]);
-    let claimed = s.claim("a", 1).await.unwrap();
+    assert_eq!(s.queued_tenants().await.unwrap(), std::slice::from_ref(&a));
+    let claimed = s.claim(&a, 1).await.unwrap();
     assert_eq!(
         (claimed.len(), claimed[0].id.as_str()),
         (1, "j1"),
         "oldest first"
     );
     assert_eq!(
-        s.job("a", "j1").await.unwrap().unwrap().state,
+        s.job(&a, "j1").await.unwrap().unwrap().state,
         JobState::Running
     );
     let c = &claimed[0];
@@ -66,21 +69,18 @@ where
         !s.finish(&c.id, c.token, 200, None, b"again").await.unwrap(),
         "recorded once"
     );
-    let j = s.job("a", "j1").await.unwrap().unwrap();
+    let j = s.job(&a, "j1").await.unwrap().unwrap();
     assert_eq!((j.state, j.status), (JobState::Completed, Some(201)));
     assert_eq!(j.resp_type.as_deref(), Some("application/json"));
     assert_eq!(j.response.as_deref(), Some(&b"ok"[..]));
     assert_eq!(
-        s.cancel("b", "j2").await.unwrap(),
+        s.cancel(&b, "j2").await.unwrap(),
         None,
         "another tenant's id"
     );
+    assert_eq!(s.cancel(&a, "j2").await.unwrap(), Some(JobState::Cancelled));
     assert_eq!(
-        s.cancel("a", "j2").await.unwrap(),
-        Some(JobState::Cancelled)
-    );
-    assert_eq!(
-        s.cancel("a", "j1").await.unwrap(),
+        s.cancel(&a, "j1").await.unwrap(),
         Some(JobState::Completed),
         "too late"
     );
@@ -105,43 +105,41 @@ where
             .unwrap();
     }
     assert!(
-        s.file("a", "f1").await.unwrap().is_none(),
+        s.file(&a, "f1").await.unwrap().is_none(),
         "not yet committed"
     );
-    s.commit_file("a", &file("f1", content.len()))
-        .await
-        .unwrap();
+    s.commit_file(&a, &file("f1", content.len())).await.unwrap();
     let mut back = Vec::new();
     let mut seq = 0;
-    while let Some(c) = s.file_chunk("a", "f1", seq).await.unwrap() {
+    while let Some(c) = s.file_chunk(&a, "f1", seq).await.unwrap() {
         back.extend_from_slice(&c);
         seq += 1;
     }
     assert_eq!((seq, back == content), (2, true));
-    assert!(s.file_chunk("b", "f1", 0).await.unwrap().is_none());
-    assert_eq!(s.files("a", None, 10, None).await.unwrap().len(), 1);
-    assert!(s.files("b", None, 10, None).await.unwrap().is_empty());
+    assert!(s.file_chunk(&b, "f1", 0).await.unwrap().is_none());
+    assert_eq!(s.files(&a, None, 10, None).await.unwrap().len(), 1);
+    assert!(s.files(&b, None, 10, None).await.unwrap().is_empty());
     s.put_chunk("f2", 0, bytes::Bytes::from_static(b"{}"))
         .await
         .unwrap();
     s.abort_file("f2").await.unwrap();
-    assert!(s.file_chunk("a", "f2", 0).await.unwrap().is_none());
-    assert!(!s.delete_file("b", "f1").await.unwrap());
-    assert!(s.delete_file("a", "f1").await.unwrap());
-    assert!(s.file("a", "f1").await.unwrap().is_none());
+    assert!(s.file_chunk(&a, "f2", 0).await.unwrap().is_none());
+    assert!(!s.delete_file(&b, "f1").await.unwrap());
+    assert!(s.delete_file(&a, "f1").await.unwrap());
+    assert!(s.file(&a, "f1").await.unwrap().is_none());
 
     // A batch: its lines in order, counts, finalized exactly once.
     let doc = r#"{"id":"b1","status":"in_progress"}"#;
     s.insert(
-        "a",
+        &a,
         vec![job("l0", Some(("b1", 0))), job("l1", Some(("b1", 1)))],
         Some(("b1".into(), doc.into())),
     )
     .await
     .unwrap();
     assert_eq!(s.batch_tenant("b1").await.unwrap().as_deref(), Some("a"));
-    assert!(s.batch("b", "b1").await.unwrap().is_none());
-    for c in s.claim("a", 5).await.unwrap() {
+    assert!(s.batch(&b, "b1").await.unwrap().is_none());
+    for c in s.claim(&a, 5).await.unwrap() {
         let status = if c.id == "l0" { 200 } else { 500 };
         assert!(s.finish(&c.id, c.token, status, None, b"{}").await.unwrap());
     }
@@ -166,19 +164,19 @@ where
             .unwrap(),
         "once"
     );
-    assert_eq!(s.batch("a", "b1").await.unwrap().as_deref(), Some(done));
+    assert_eq!(s.batch(&a, "b1").await.unwrap().as_deref(), Some(done));
     assert_eq!(
-        s.file_chunk("a", "out1", 0).await.unwrap().as_deref(),
+        s.file_chunk(&a, "out1", 0).await.unwrap().as_deref(),
         Some(&b"out"[..]),
         "the output file reads as an upload does"
     );
 
     // A stored state that is no state is an error, not a default.
-    s.insert("a", vec![job("bad", None)], None).await.unwrap();
+    s.insert(&a, vec![job("bad", None)], None).await.unwrap();
     corrupt("bad".to_owned()).await;
     assert!(
         matches!(
-            s.job("a", "bad").await,
+            s.job(&a, "bad").await,
             Err(StoreError::Shape | StoreError::Sqlite(_))
         ),
         "a corrupt state is an error"

@@ -22,6 +22,8 @@ pub mod sqlite;
 
 use std::sync::Arc;
 
+use crate::domain::TenantId;
+
 pub use self::redis::{Redis, RedisStore};
 pub use sqlite::Sqlite;
 
@@ -167,7 +169,7 @@ pub struct Claimed {
     /// The fencing token of this claim (SQLite: 0, one process owns every claim).
     pub token: u64,
     /// Its tenant.
-    pub tenant: String,
+    pub tenant: TenantId,
     /// Its batch, if a batch line.
     pub batch: Option<String>,
     /// Method.
@@ -263,19 +265,19 @@ macro_rules! dispatch {
 
 impl Store {
     /// (jobs queued or running, bytes stored) of `tenant`.
-    pub async fn usage(&self, tenant: &str) -> Result<(u64, u64)> {
-        let t = tenant.to_owned();
-        dispatch!(self, |s| s.usage(&t), |r| r.usage(tenant))
+    pub async fn usage(&self, tenant: &TenantId) -> Result<(u64, u64)> {
+        let t = tenant.as_str().to_owned();
+        dispatch!(self, |s| s.usage(&t), |r| r.usage(tenant.as_str()))
     }
 
     /// Inserts `jobs` of `tenant` at once, and the batch `(id, doc)` if any.
     pub async fn insert(
         &self,
-        tenant: &str,
+        tenant: &TenantId,
         jobs: Vec<NewJob>,
         batch: Option<(String, String)>,
     ) -> Result<()> {
-        let t = tenant.to_owned();
+        let t = tenant.as_str().to_owned();
         match self {
             Store::Sqlite(db) => {
                 blocking(db, move |s| {
@@ -284,31 +286,33 @@ impl Store {
                 })
                 .await
             }
-            Store::Redis(r) => r.insert(tenant, &jobs, batch).await,
+            Store::Redis(r) => r.insert(tenant.as_str(), &jobs, batch).await,
         }
     }
 
     /// The job `id` of `tenant` (not a batch line).
-    pub async fn job(&self, tenant: &str, id: &str) -> Result<Option<Job>> {
-        let (t, i) = (tenant.to_owned(), id.to_owned());
-        dispatch!(self, |s| s.job(&t, &i), |r| r.job(tenant, id))
+    pub async fn job(&self, tenant: &TenantId, id: &str) -> Result<Option<Job>> {
+        let (t, i) = (tenant.as_str().to_owned(), id.to_owned());
+        dispatch!(self, |s| s.job(&t, &i), |r| r.job(tenant.as_str(), id))
     }
 
     /// Cancels the queued job `id` of `tenant`; its state after (`None`: no such job).
-    pub async fn cancel(&self, tenant: &str, id: &str) -> Result<Option<JobState>> {
-        let (t, i) = (tenant.to_owned(), id.to_owned());
-        dispatch!(self, |s| s.cancel(&t, &i), |r| r.cancel(tenant, id))
+    pub async fn cancel(&self, tenant: &TenantId, id: &str) -> Result<Option<JobState>> {
+        let (t, i) = (tenant.as_str().to_owned(), id.to_owned());
+        dispatch!(self, |s| s.cancel(&t, &i), |r| r
+            .cancel(tenant.as_str(), id))
     }
 
     /// Tenants with queued jobs.
-    pub async fn queued_tenants(&self) -> Result<Vec<String>> {
-        dispatch!(self, |s| s.queued_tenants(), |r| r.queued_tenants())
+    pub async fn queued_tenants(&self) -> Result<Vec<TenantId>> {
+        let names: Vec<String> = dispatch!(self, |s| s.queued_tenants(), |r| r.queued_tenants())?;
+        Ok(names.into_iter().map(TenantId::new).collect())
     }
 
     /// Claims up to `n` of `tenant`'s oldest queued jobs (each now `running` under a token).
-    pub async fn claim(&self, tenant: &str, n: usize) -> Result<Vec<Claimed>> {
-        let t = tenant.to_owned();
-        dispatch!(self, |s| s.claim(&t, n), |r| r.claim(tenant, n))
+    pub async fn claim(&self, tenant: &TenantId, n: usize) -> Result<Vec<Claimed>> {
+        let t = tenant.as_str().to_owned();
+        dispatch!(self, |s| s.claim(&t, n), |r| r.claim(tenant.as_str(), n))
     }
 
     /// Extends the leases of the running `(id, token)` claims; how many were lost to a
@@ -365,11 +369,11 @@ impl Store {
     }
 
     /// Makes the uploaded file `f`, its chunks stored, one of `tenant`'s files.
-    pub async fn commit_file(&self, tenant: &str, f: &File) -> Result<()> {
-        let (t, f) = (tenant.to_owned(), f.clone());
+    pub async fn commit_file(&self, tenant: &TenantId, f: &File) -> Result<()> {
+        let (t, f) = (tenant.as_str().to_owned(), f.clone());
         match self {
             Store::Sqlite(db) => blocking(db, move |s| s.commit_file(&t, &f)).await,
-            Store::Redis(r) => r.commit_file(tenant, &f).await,
+            Store::Redis(r) => r.commit_file(tenant.as_str(), &f).await,
         }
     }
 
@@ -386,60 +390,69 @@ impl Store {
     /// stored whole by an earlier version is its one chunk 0.
     pub async fn file_chunk(
         &self,
-        tenant: &str,
+        tenant: &TenantId,
         id: &str,
         seq: u32,
     ) -> Result<Option<bytes::Bytes>> {
-        let (t, i) = (tenant.to_owned(), id.to_owned());
-        let chunk = dispatch!(self, |s| s.file_chunk(&t, &i, seq), |r| r
-            .file_chunk(tenant, id, seq))?;
+        let (t, i) = (tenant.as_str().to_owned(), id.to_owned());
+        let chunk = dispatch!(self, |s| s.file_chunk(&t, &i, seq), |r| r.file_chunk(
+            tenant.as_str(),
+            id,
+            seq
+        ))?;
         Ok(chunk.map(bytes::Bytes::from))
     }
 
     /// The file `id` of `tenant`.
-    pub async fn file(&self, tenant: &str, id: &str) -> Result<Option<File>> {
-        let (t, i) = (tenant.to_owned(), id.to_owned());
-        dispatch!(self, |s| s.file(&t, &i), |r| r.file(tenant, id))
+    pub async fn file(&self, tenant: &TenantId, id: &str) -> Result<Option<File>> {
+        let (t, i) = (tenant.as_str().to_owned(), id.to_owned());
+        dispatch!(self, |s| s.file(&t, &i), |r| r.file(tenant.as_str(), id))
     }
 
     /// Deletes file `id` of `tenant`; whether it existed.
-    pub async fn delete_file(&self, tenant: &str, id: &str) -> Result<bool> {
-        let (t, i) = (tenant.to_owned(), id.to_owned());
+    pub async fn delete_file(&self, tenant: &TenantId, id: &str) -> Result<bool> {
+        let (t, i) = (tenant.as_str().to_owned(), id.to_owned());
         dispatch!(self, |s| s.delete_file(&t, &i), |r| r
-            .delete_file(tenant, id))
+            .delete_file(tenant.as_str(), id))
     }
 
     /// The batch document `id` of `tenant`.
-    pub async fn batch(&self, tenant: &str, id: &str) -> Result<Option<String>> {
-        let (t, i) = (tenant.to_owned(), id.to_owned());
-        dispatch!(self, |s| s.batch(&t, &i), |r| r.batch(tenant, id))
+    pub async fn batch(&self, tenant: &TenantId, id: &str) -> Result<Option<String>> {
+        let (t, i) = (tenant.as_str().to_owned(), id.to_owned());
+        dispatch!(self, |s| s.batch(&t, &i), |r| r.batch(tenant.as_str(), id))
     }
 
     /// Batch documents of `tenant`, newest first, after the batch `after`, at most `limit`.
     pub async fn batches(
         &self,
-        tenant: &str,
+        tenant: &TenantId,
         after: Option<&str>,
         limit: usize,
     ) -> Result<Vec<String>> {
-        let (t, a) = (tenant.to_owned(), after.map(str::to_owned));
-        dispatch!(self, |s| s.batches(&t, a.as_deref(), limit), |r| r
-            .batches(tenant, after, limit))
+        let (t, a) = (tenant.as_str().to_owned(), after.map(str::to_owned));
+        dispatch!(self, |s| s.batches(&t, a.as_deref(), limit), |r| r.batches(
+            tenant.as_str(),
+            after,
+            limit
+        ))
     }
 
     /// Moves batch `id` of `tenant` from `in_progress` to `cancelling` (document `doc`) and
     /// cancels its queued lines, at once; whether it was in progress.
-    pub async fn cancel_batch(&self, tenant: &str, id: &str, doc: &str) -> Result<bool> {
-        let (t, i, d) = (tenant.to_owned(), id.to_owned(), doc.to_owned());
-        dispatch!(self, |s| s.cancel_batch(&t, &i, &d), |r| r
-            .cancel_batch(tenant, id, doc))
+    pub async fn cancel_batch(&self, tenant: &TenantId, id: &str, doc: &str) -> Result<bool> {
+        let (t, i, d) = (tenant.as_str().to_owned(), id.to_owned(), doc.to_owned());
+        dispatch!(self, |s| s.cancel_batch(&t, &i, &d), |r| r.cancel_batch(
+            tenant.as_str(),
+            id,
+            doc
+        ))
     }
 
     /// Stores a batch that failed validation (no lines).
-    pub async fn insert_failed_batch(&self, tenant: &str, id: &str, doc: &str) -> Result<()> {
-        let (t, i, d) = (tenant.to_owned(), id.to_owned(), doc.to_owned());
+    pub async fn insert_failed_batch(&self, tenant: &TenantId, id: &str, doc: &str) -> Result<()> {
+        let (t, i, d) = (tenant.as_str().to_owned(), id.to_owned(), doc.to_owned());
         dispatch!(self, |s| s.insert_failed_batch(&t, &i, &d), |r| r
-            .insert_failed_batch(tenant, id, doc))
+            .insert_failed_batch(tenant.as_str(), id, doc))
     }
 
     /// The line counts of batch `id`.
@@ -451,20 +464,20 @@ impl Store {
     /// `tenant`'s files, newest first, after file `after`, of `purpose`, at most `limit`.
     pub async fn files(
         &self,
-        tenant: &str,
+        tenant: &TenantId,
         after: Option<&str>,
         limit: usize,
         purpose: Option<&str>,
     ) -> Result<Vec<File>> {
         let (t, a, p) = (
-            tenant.to_owned(),
+            tenant.as_str().to_owned(),
             after.map(str::to_owned),
             purpose.map(str::to_owned),
         );
         dispatch!(
             self,
             |s| s.files(&t, a.as_deref(), limit, p.as_deref()),
-            |r| r.files(tenant, after, limit, purpose)
+            |r| r.files(tenant.as_str(), after, limit, purpose)
         )
     }
 

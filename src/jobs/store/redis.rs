@@ -245,7 +245,7 @@ impl RedisStore {
                 Ok(Claimed {
                     id: string(id).ok_or(StoreError::Shape)?,
                     token: uint(&token),
-                    tenant: tenant.to_owned(),
+                    tenant: crate::domain::TenantId::new(tenant),
                     batch: opt(batch),
                     method: string(method).ok_or(StoreError::Shape)?,
                     path: string(path).ok_or(StoreError::Shape)?,

@@ -198,7 +198,7 @@ impl Sqlite {
                     Ok(Claimed {
                         id: r.get(0)?,
                         token: 0,
-                        tenant: r.get(1)?,
+                        tenant: crate::domain::TenantId::new(r.get::<_, String>(1)?),
                         batch: r.get(2)?,
                         method: r.get(3)?,
                         path: r.get(4)?,
