@@ -72,9 +72,10 @@ async fn route(
         }
         (&Method::POST, ["v1", "batches"]) => batch::create(jobs, tenant, req.body()).await?,
         (&Method::GET, ["v1", "batches"]) => batch::list(jobs, tenant, req.uri().query()).await?,
-        (&Method::GET, ["v1", "batches", id]) => {
-            json(StatusCode::OK, &batch::doc(jobs, tenant, id).await?)
-        }
+        (&Method::GET, ["v1", "batches", id]) => json(
+            StatusCode::OK,
+            &batch::doc(jobs, tenant, id).await?.to_value(),
+        ),
         (&Method::POST, ["v1", "batches", id, "cancel"]) => batch::cancel(jobs, tenant, id).await?,
         _ => return Err(Error::Method),
     };

@@ -38,6 +38,10 @@ fn line_error(line: usize, code: &str, message: String, param: Option<&str>) -> 
     json!({"code": code, "message": message, "param": param, "line": line})
 }
 
+pub mod record;
+
+pub use record::{Batch, BatchStatus, RequestCounts};
+
 /// Checks the input file; the lines as jobs, or the errors naming the lines.
 pub fn validate(batch: &str, endpoint: &str, content: &[u8]) -> Result<Vec<NewJob>, Vec<Value>> {
     let mut v = Validator::new(batch, endpoint);
@@ -250,40 +254,54 @@ pub async fn create(
     }
     let id = super::new_id("batch_");
     let now = store::now();
-    let mut doc = json!({
-        "id": id, "object": "batch", "endpoint": endpoint, "model": null, "errors": null,
-        "input_file_id": input, "completion_window": window, "status": "in_progress",
-        "output_file_id": null, "error_file_id": null, "created_at": now,
-        "in_progress_at": now, "expires_at": now + window_secs, "finalizing_at": null,
-        "completed_at": null, "failed_at": null, "expired_at": null, "cancelling_at": null,
-        "cancelled_at": null, "request_counts": {"total": 0, "completed": 0, "failed": 0},
-        "metadata": req.get("metadata").cloned().unwrap_or(Value::Null),
-    });
+    let mut doc = Batch {
+        id: id.clone(),
+        object: "batch".to_owned(),
+        endpoint: endpoint.to_owned(),
+        model: None,
+        errors: None,
+        input_file_id: input.to_owned(),
+        completion_window: window.to_owned(),
+        status: BatchStatus::InProgress,
+        output_file_id: None,
+        error_file_id: None,
+        created_at: now,
+        in_progress_at: Some(now),
+        expires_at: Some(now + window_secs),
+        finalizing_at: None,
+        completed_at: None,
+        failed_at: None,
+        expired_at: None,
+        cancelling_at: None,
+        cancelled_at: None,
+        request_counts: RequestCounts::default(),
+        metadata: req.get("metadata").cloned().unwrap_or(Value::Null),
+    };
     match validate_stored(jobs, tenant, input, &id, endpoint).await? {
         Ok(lines) => {
             let bytes: u64 = lines.iter().map(|l| l.body.len() as u64).sum();
             jobs.check_limits(tenant, lines.len() as u64, bytes).await?;
-            doc["request_counts"]["total"] = json!(lines.len());
+            doc.request_counts.total = lines.len() as u64;
             jobs.store()
-                .insert(tenant, lines, Some((id.clone(), doc.to_string())))
+                .insert(tenant, lines, Some((id.clone(), doc.to_json())))
                 .await?;
             jobs.wake();
         }
         Err(errors) => {
-            doc["status"] = json!("failed");
-            doc["in_progress_at"] = Value::Null;
-            doc["failed_at"] = json!(now);
-            doc["errors"] = json!({"object": "list", "data": errors});
+            doc.status = BatchStatus::Failed;
+            doc.in_progress_at = None;
+            doc.failed_at = Some(now);
+            doc.errors = Some(json!({"object": "list", "data": errors}));
             jobs.store()
-                .insert_failed_batch(tenant, &id, &doc.to_string())
+                .insert_failed_batch(tenant, &id, &doc.to_json())
                 .await?;
         }
     }
-    Ok(api::json(StatusCode::OK, &doc))
+    Ok(api::json(StatusCode::OK, &doc.to_value()))
 }
 
 /// A batch as OpenAI shows it, with its current request counts.
-pub async fn doc(jobs: &Jobs, tenant: &TenantId, id: &str) -> Result<Value, Error> {
+pub async fn doc(jobs: &Jobs, tenant: &TenantId, id: &str) -> Result<Batch, Error> {
     let raw = jobs
         .store()
         .batch(tenant, id)
@@ -292,12 +310,12 @@ pub async fn doc(jobs: &Jobs, tenant: &TenantId, id: &str) -> Result<Value, Erro
     with_counts(jobs, id, &raw).await
 }
 
-/// A stored batch document: a JSON object with a string `id`, or the error a corrupt record is
-/// (never `Null`, which a later patch would silently turn into a fresh object).
-fn stored(raw: &str) -> Result<Value, Error> {
-    match serde_json::from_str::<Value>(raw) {
-        Ok(doc) if doc["id"].is_string() => Ok(doc),
-        _ => {
+/// A stored batch document, or the error a corrupt record is (never a default, which a later
+/// update would store as if it were the batch).
+fn stored(raw: &str) -> Result<Batch, Error> {
+    match Batch::parse(raw) {
+        Some(doc) => Ok(doc),
+        None => {
             tracing::warn!(
                 bytes = raw.len(),
                 "jobs: a stored batch document is corrupt"
@@ -307,12 +325,15 @@ fn stored(raw: &str) -> Result<Value, Error> {
     }
 }
 
-async fn with_counts(jobs: &Jobs, id: &str, raw: &str) -> Result<Value, Error> {
+async fn with_counts(jobs: &Jobs, id: &str, raw: &str) -> Result<Batch, Error> {
     let mut doc = stored(raw)?;
     let c = jobs.store().counts(id).await?;
     if c.total > 0 {
-        doc["request_counts"] =
-            json!({"total": c.total, "completed": c.completed, "failed": c.failed});
+        doc.request_counts = RequestCounts {
+            total: c.total,
+            completed: c.completed,
+            failed: c.failed,
+        };
     }
     Ok(doc)
 }
@@ -343,8 +364,8 @@ pub async fn list(
     let has_more = raws.len() > limit;
     let mut data = Vec::new();
     for raw in raws.iter().take(limit) {
-        let id = stored(raw)?["id"].as_str().unwrap_or_default().to_owned();
-        data.push(with_counts(jobs, &id, raw).await?);
+        let id = stored(raw)?.id;
+        data.push(with_counts(jobs, &id, raw).await?.to_value());
     }
     let first = data.first().map(|d| d["id"].clone());
     let last = data.last().map(|d| d["id"].clone());
@@ -366,17 +387,17 @@ pub async fn cancel(
         .await?
         .ok_or(Error::NotFound("batch"))?;
     let mut doc = stored(&raw)?;
-    if doc["status"] == "in_progress" {
-        doc["status"] = json!("cancelling");
-        doc["cancelling_at"] = json!(store::now());
-        let doc = doc.to_string();
+    if doc.status == BatchStatus::InProgress {
+        doc.status = BatchStatus::Cancelling;
+        doc.cancelling_at = Some(store::now());
+        let doc = doc.to_json();
         if jobs.store().cancel_batch(tenant, id, &doc).await? {
             finalize_if_done(jobs, id).await?;
         }
     }
     Ok(api::json(
         StatusCode::OK,
-        &self::doc(jobs, tenant, id).await?,
+        &self::doc(jobs, tenant, id).await?.to_value(),
     ))
 }
 
@@ -398,9 +419,9 @@ pub async fn finalize_if_done(jobs: &Jobs, id: &str) -> Result<(), Error> {
     };
     let mut doc = stored(&raw)?;
     // An expired batch was stopped like a cancelled one (`expire_due`), marked by `expired_at`.
-    let expiring = doc["status"] == "finalizing" && doc["expired_at"].is_u64();
-    let cancelling = doc["status"] == "cancelling" || expiring;
-    if !(cancelling || doc["status"] == "in_progress") {
+    let expiring = doc.status == BatchStatus::Finalizing && doc.expired_at.is_some();
+    let cancelling = doc.status == BatchStatus::Cancelling || expiring;
+    if !(cancelling || doc.status == BatchStatus::InProgress) {
         return Ok(());
     }
     let (code, why) = if expiring {
@@ -415,9 +436,9 @@ pub async fn finalize_if_done(jobs: &Jobs, id: &str) -> Result<(), Error> {
         )
     };
     let expected = if cancelling {
-        "cancelling"
+        BatchStatus::Cancelling
     } else {
-        "in_progress"
+        BatchStatus::InProgress
     };
     let (mut out, mut err) = (Vec::new(), Vec::new());
     for line in store.lines(id).await? {
@@ -445,34 +466,40 @@ pub async fn finalize_if_done(jobs: &Jobs, id: &str) -> Result<(), Error> {
     }
     let now = store::now();
     let mut files = Vec::new();
-    for (content, key) in [(out, "output_file_id"), (err, "error_file_id")] {
+    for (content, key) in [(out, "output"), (err, "error")] {
         if content.is_empty() {
             continue;
         }
         let f = File {
             id: super::new_id("file-"),
             purpose: "batch_output".to_owned(),
-            filename: format!("{id}_{}.jsonl", key.trim_end_matches("_file_id")),
+            filename: format!("{id}_{key}.jsonl"),
             bytes: content.len() as u64,
             created: now,
         };
-        doc[key] = json!(f.id);
+        if key == "output" {
+            doc.output_file_id = Some(f.id.clone());
+        } else {
+            doc.error_file_id = Some(f.id.clone());
+        }
         files.push((f, content));
     }
     let status = if expiring {
-        "expired"
+        BatchStatus::Expired
     } else if cancelling {
-        "cancelled"
+        BatchStatus::Cancelled
     } else {
-        "completed"
+        BatchStatus::Completed
     };
-    doc["status"] = json!(status);
-    doc["finalizing_at"] = json!(now);
-    if !expiring {
-        doc[format!("{status}_at")] = json!(now);
-    }
+    doc.finalized(status, now);
     if !store
-        .finalize(id, expected, &doc.to_string(), status, files)
+        .finalize(
+            id,
+            expected.as_str(),
+            &doc.to_json(),
+            status.as_str(),
+            files,
+        )
         .await?
     {
         tracing::debug!(batch = id, "jobs: batch finalized by another caller");
@@ -509,10 +536,10 @@ pub async fn expire_due(jobs: &Jobs) -> Result<usize, Error> {
     for (tenant, id, raw) in store.due_batches(store::now()).await? {
         // A corrupt document is logged and skipped: it must not stop the others expiring.
         let Ok(mut doc) = stored(&raw) else { continue };
-        doc["status"] = json!("finalizing");
-        doc["expired_at"] = json!(store::now());
+        doc.status = BatchStatus::Finalizing;
+        doc.expired_at = Some(store::now());
         if store
-            .cancel_batch(&TenantId::new(tenant), &id, &doc.to_string())
+            .cancel_batch(&TenantId::new(tenant), &id, &doc.to_json())
             .await?
         {
             expired += 1;
@@ -533,7 +560,22 @@ mod tests {
                 "{raw:?}"
             );
         }
-        assert_eq!(stored(r#"{"id":"b1"}"#).unwrap()["id"], "b1");
+        let b = r#"{"id":"b1","object":"batch","endpoint":"/v1/chat/completions","model":null,
+            "errors":null,"input_file_id":"f","completion_window":"24h","status":"in_progress",
+            "output_file_id":null,"error_file_id":null,"created_at":1,"in_progress_at":1,
+            "expires_at":86401,"finalizing_at":null,"completed_at":null,"failed_at":null,
+            "expired_at":null,"cancelling_at":null,"cancelled_at":null,
+            "request_counts":{"total":2,"completed":0,"failed":0},"metadata":null}"#;
+        let doc = stored(b).unwrap();
+        assert_eq!(
+            (doc.id.as_str(), doc.status),
+            ("b1", BatchStatus::InProgress)
+        );
+        assert!(
+            stored(&b.replace("in_progress", "running")).is_err(),
+            "a status that is none of OpenAI's"
+        );
+        assert_eq!(stored(&doc.to_json()).unwrap(), doc, "stored and read back");
     }
 
     #[test]
