@@ -1,10 +1,91 @@
 //! One 429 vocabulary: fairgate's own rate refusals say OpenAI's `type` (`requests` / `tokens`)
 //! and `code` (`rate_limit_exceeded`), and a wait longer than the 60 s the OpenAI SDKs honour
-//! also says `x-should-retry: false` (an SDK would otherwise retry early, in vain).
+//! also says `x-should-retry: false` (an SDK would otherwise retry early, in vain). The official
+//! client (async-openai, which retries a 429 up to three times after its `Retry-After`) gets
+//! through a short rate refusal by waiting what fairgate said, sending nothing in between.
 
 use std::time::Duration;
 
 use crate::support::*;
+use async_openai::config::OpenAIConfig;
+use async_openai::types::chat::{
+    ChatCompletionRequestUserMessageArgs, CreateChatCompletionRequestArgs,
+};
+
+#[tokio::test]
+async fn the_official_client_waits_out_a_rate_refusal_as_retry_after_says() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let mock = mock().await;
+    // One request a second, a bucket of one: the second request at once is refused with
+    // Retry-After: 1 (type requests, code rate_limit_exceeded).
+    let proxy = Conf::new(&mock.base_url())
+        .tenant("b", "requests_per_minute", 60)
+        .tenant("b", "burst", 1.0 / 60.0)
+        .start()
+        .await;
+    let raw = send(post(
+        proxy.addr,
+        "/v1/chat/completions",
+        Some(KEY_B),
+        &chat("gpt-4o-mini"),
+        &[],
+    ))
+    .await;
+    assert_eq!(raw.status, 200);
+    let refused = send(post(
+        proxy.addr,
+        "/v1/chat/completions",
+        Some(KEY_B),
+        &chat("gpt-4o-mini"),
+        &[],
+    ))
+    .await;
+    refused.assert_error(429, "rate_limit_exceeded");
+    assert_eq!(refused.json()["error"]["type"], "requests");
+    assert_eq!(refused.headers["retry-after"], "1");
+    assert!(
+        !refused.headers.contains_key("x-should-retry"),
+        "a 1 s wait is worth retrying"
+    );
+    let client = async_openai::Client::with_config(
+        OpenAIConfig::new()
+            .with_api_base(format!("http://{}/v1", proxy.addr))
+            .with_api_key(KEY_B),
+    );
+    let req = CreateChatCompletionRequestArgs::default()
+        .model("gpt-4o-mini")
+        .max_completion_tokens(5u32)
+        .messages([ChatCompletionRequestUserMessageArgs::default()
+            .content("hello")
+            .build()
+            .unwrap()
+            .into()])
+        .build()
+        .unwrap();
+    // The bucket is empty again after `refused`'s neighbour: the client's first attempt is
+    // refused, it sleeps the Retry-After, and its retry is answered.
+    let answer = client
+        .chat()
+        .create(req)
+        .await
+        .expect("answered after the wait");
+    assert!(answer.usage.is_some());
+    assert_eq!(
+        mock.stats.requests(),
+        2,
+        "refused attempts never reached the provider"
+    );
+    let scrape = scrape(proxy.addr).await;
+    let refusals: f64 = scrape
+        .lines()
+        .filter(|l| l.starts_with("fairgate_rejected_total{") && l.contains("tenant=\"b\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(
+        refusals >= 2.0,
+        "the raw refusal and the client's first attempt: {refusals}"
+    );
+}
 
 #[tokio::test]
 async fn a_debt_wait_past_sixty_seconds_says_do_not_retry() {
