@@ -22,6 +22,8 @@
 
 pub mod scripts;
 #[cfg(test)]
+pub(crate) mod test_server;
+#[cfg(test)]
 mod tests;
 
 use std::fmt::Debug;

@@ -3,89 +3,17 @@
 //! finalization, per-tenant reads and limits, retention. Without `redis-server` on PATH these
 //! fail naming the package, unless `FAIRGATE_SKIP_REDIS=1` (then they pass as skipped).
 
-use std::process::{Child, Command, Stdio};
-
+use super::test_server::{plain, server, Server};
 use super::*;
 use crate::config::JobsConfig;
 
-/// A `redis-server` child on a free port; killed on drop.
-struct Server {
-    child: Child,
-    port: u16,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn server() -> Option<Server> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port");
-    let child = Command::new("redis-server")
-        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-        .args(["--save", "", "--appendonly", "no"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn();
-    let Ok(child) = child else {
-        assert!(
-            std::env::var_os("FAIRGATE_SKIP_REDIS").is_some_and(|v| v == "1"),
-            "redis-server is not on PATH: install it (apt-get install redis-server), or set \
-             FAIRGATE_SKIP_REDIS=1"
-        );
-        eprintln!("SKIPPED (FAIRGATE_SKIP_REDIS=1): redis-server not found on PATH");
-        return None;
-    };
-    let s = Server { child, port };
-    for _ in 0..500 {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return Some(s);
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-    panic!("redis-server did not start on port {port}");
-}
-
-/// A plain connection standing in for the cluster's link.
-struct Plain(redis::aio::MultiplexedConnection);
-
-impl Debug for Plain {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Plain")
-    }
-}
-
-impl Redis for Plain {
-    fn key(&self, parts: &[&str]) -> String {
-        format!("{{fgtest}}:{}", parts.join(":"))
-    }
-
-    fn eval<'a>(
-        &'a self,
-        inv: &'a ScriptInvocation<'a>,
-    ) -> Pin<Box<dyn Future<Output = Option<Value>> + Send + 'a>> {
-        let mut conn = self.0.clone();
-        Box::pin(async move { inv.invoke_async::<Value>(&mut conn).await.ok() })
-    }
-}
-
 async fn store(s: &Server, lease_ms: u64) -> RedisStore {
-    let conn = redis::Client::open(format!("redis://127.0.0.1:{}", s.port))
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
     let config = JobsConfig {
         lease_ms,
         max_queued_jobs_per_tenant: 3,
         ..JobsConfig::default()
     };
-    RedisStore::new(Arc::new(Plain(conn)), &config)
+    RedisStore::new(plain(s).await, &config)
 }
 
 fn job(id: &str, batch: Option<(&str, u32)>) -> NewJob {
