@@ -8,10 +8,6 @@
 
 use crate::support::conf::Val;
 use crate::support::*;
-use async_openai::config::OpenAIConfig;
-use async_openai::types::chat::{
-    ChatCompletionRequestUserMessageArgs, CreateChatCompletionRequestArgs,
-};
 use toml::Table;
 
 /// A chat request whose estimate is its counted input plus `max_tokens`.
@@ -111,27 +107,13 @@ async fn a_spent_budget_is_429_insufficient_quota_until_the_period_resets() {
 
 #[tokio::test]
 async fn the_official_client_sees_insufficient_quota_and_does_not_retry() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
     let mock = mock().await;
     let proxy = Conf::new(&mock.base_url())
         .tenant("a", "budgets", vec![budget("month", "tokens", 5)])
         .start()
         .await;
-    let client = async_openai::Client::with_config(
-        OpenAIConfig::new()
-            .with_api_base(format!("http://{}/v1", proxy.addr))
-            .with_api_key(KEY_A),
-    );
-    let req = CreateChatCompletionRequestArgs::default()
-        .model("gpt-4o-mini")
-        .max_completion_tokens(50u32)
-        .messages([ChatCompletionRequestUserMessageArgs::default()
-            .content("hello")
-            .build()
-            .unwrap()
-            .into()])
-        .build()
-        .unwrap();
+    let client = official::client(proxy.addr, KEY_A);
+    let req = official::hello("gpt-4o-mini", Some(50));
     let started = std::time::Instant::now();
     let err = client.chat().create(req).await.unwrap_err();
     let text = format!("{err:?}");

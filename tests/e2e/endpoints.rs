@@ -7,10 +7,6 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use crate::support::*;
-use async_openai::config::OpenAIConfig;
-use async_openai::types::chat::{
-    ChatCompletionRequestUserMessageArgs, CreateChatCompletionRequestArgs,
-};
 use fairgate_mock::{MockConfig, MockServer};
 
 /// One `[[upstreams.endpoints]]` table.
@@ -327,21 +323,8 @@ async fn azure_style_endpoints_get_their_key_header_query_and_deployment_name() 
         "",
     );
     let proxy = proxy_with_env(&toml, &[(&var, "azure-secret")]).await;
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let client = async_openai::Client::with_config(
-        OpenAIConfig::new()
-            .with_api_base(format!("http://{}/v1", proxy.addr))
-            .with_api_key(KEY_A),
-    );
-    let req = CreateChatCompletionRequestArgs::default()
-        .model("gpt-4o")
-        .messages([ChatCompletionRequestUserMessageArgs::default()
-            .content("hello")
-            .build()
-            .unwrap()
-            .into()])
-        .build()
-        .unwrap();
+    let client = official::client(proxy.addr, KEY_A);
+    let req = official::hello("gpt-4o", None);
     let res = client.chat().create(req).await.unwrap();
     assert_eq!(
         res.model, "my-4o-deployment",

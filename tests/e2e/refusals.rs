@@ -7,14 +7,9 @@
 use std::time::Duration;
 
 use crate::support::*;
-use async_openai::config::OpenAIConfig;
-use async_openai::types::chat::{
-    ChatCompletionRequestUserMessageArgs, CreateChatCompletionRequestArgs,
-};
 
 #[tokio::test]
 async fn the_official_client_waits_out_a_rate_refusal_as_retry_after_says() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
     let mock = mock().await;
     // One request a second, a bucket of one: the second request at once is refused with
     // Retry-After: 1 (type requests, code rate_limit_exceeded).
@@ -47,21 +42,8 @@ async fn the_official_client_waits_out_a_rate_refusal_as_retry_after_says() {
         !refused.headers.contains_key("x-should-retry"),
         "a 1 s wait is worth retrying"
     );
-    let client = async_openai::Client::with_config(
-        OpenAIConfig::new()
-            .with_api_base(format!("http://{}/v1", proxy.addr))
-            .with_api_key(KEY_B),
-    );
-    let req = CreateChatCompletionRequestArgs::default()
-        .model("gpt-4o-mini")
-        .max_completion_tokens(5u32)
-        .messages([ChatCompletionRequestUserMessageArgs::default()
-            .content("hello")
-            .build()
-            .unwrap()
-            .into()])
-        .build()
-        .unwrap();
+    let client = official::client(proxy.addr, KEY_B);
+    let req = official::hello("gpt-4o-mini", Some(5));
     // The bucket is empty again after `refused`'s neighbour: the client's first attempt is
     // refused, it sleeps the Retry-After, and its retry is answered.
     let answer = client

@@ -4,6 +4,7 @@
 
 pub mod conf;
 pub mod needs;
+pub mod official;
 pub mod redis_server;
 
 pub use conf::{entry, Conf, With};
