@@ -235,7 +235,10 @@ mod tests {
 
     #[derive(Debug, thiserror::Error)]
     #[error("slow down")]
-    struct Limited;
+    struct Limited(std::time::Duration);
+
+    /// The rate refusal of these tests: a wait of 2.5 s.
+    const LIMITED: Limited = Limited(std::time::Duration::from_millis(2500));
 
     impl ApiError for Limited {
         fn status(&self) -> StatusCode {
@@ -251,7 +254,7 @@ mod tests {
             Some(Limit::Tenant)
         }
         fn retry_after(&self) -> Option<std::time::Duration> {
-            Some(std::time::Duration::from_millis(2500))
+            Some(self.0)
         }
         fn reason(&self) -> Reason {
             Reason::RequestRate
@@ -263,7 +266,7 @@ mod tests {
 
     #[test]
     fn wraps_any_stage_error_through_the_trait() {
-        let e: Error = Limited.into();
+        let e: Error = LIMITED.into();
         assert_eq!(e.status(), 429);
         assert_eq!(e.reason(), Reason::RequestRate);
         assert_eq!(e.reason().as_str(), "request_rate");
@@ -318,7 +321,7 @@ mod tests {
 
     #[test]
     fn the_openai_shape_has_message_type_code_and_param() {
-        let v: serde_json::Value = serde_json::from_slice(&openai_json(&Limited)).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&openai_json(&LIMITED)).unwrap();
         assert_eq!(
             v,
             serde_json::json!({"error": {"message": "slow down", "type": "requests",
@@ -329,28 +332,8 @@ mod tests {
     #[test]
     fn a_wait_past_what_the_sdks_honour_says_do_not_retry() {
         use std::time::Duration;
-        #[derive(Debug, thiserror::Error)]
-        #[error("wait")]
-        struct Wait(Duration);
-        impl ApiError for Wait {
-            fn status(&self) -> StatusCode {
-                StatusCode::TOO_MANY_REQUESTS
-            }
-            fn kind(&self) -> &'static str {
-                "requests"
-            }
-            fn code(&self) -> &'static str {
-                "rate_limit_exceeded"
-            }
-            fn retry_after(&self) -> Option<Duration> {
-                Some(self.0)
-            }
-            fn reason(&self) -> Reason {
-                Reason::Internal
-            }
-        }
         let says = |wait| {
-            Error::from(Wait(wait))
+            Error::from(Limited(wait))
                 .all_headers()
                 .iter()
                 .filter(|(k, _)| k == SHOULD_RETRY)
