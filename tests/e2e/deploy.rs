@@ -137,6 +137,17 @@ fn readme_quickstart_config_validates() {
     assert!(!config.tenants.is_empty());
 }
 
+/// An Azure OpenAI and a vLLM-fleet example, each a pool of three or more endpoints that
+/// validates with one tenant added.
+fn assert_endpoint_examples(blocks: &[&str]) {
+    assert_eq!(blocks.len(), 2, "an Azure OpenAI and a vLLM-fleet example");
+    for block in blocks {
+        let text = format!("{block}\n[[tenants]]\nid = \"t\"\napi_keys = [\"k\"]\n");
+        let config = Config::from_toml_str(&text).unwrap_or_else(|e| panic!("{e}\n{block}"));
+        assert!(config.upstreams[0].endpoints.len() >= 3, "{block}");
+    }
+}
+
 #[test]
 fn readme_endpoint_examples_validate() {
     let readme = std::fs::read_to_string("README.md").unwrap();
@@ -150,12 +161,7 @@ fn readme_endpoint_examples_validate() {
         .skip(1)
         .filter_map(|rest| rest.split("```").next())
         .collect();
-    assert_eq!(blocks.len(), 2, "an Azure OpenAI and a vLLM-fleet example");
-    for block in blocks {
-        let text = format!("{block}\n[[tenants]]\nid = \"t\"\napi_keys = [\"k\"]\n");
-        let config = Config::from_toml_str(&text).unwrap_or_else(|e| panic!("{e}\n{block}"));
-        assert!(config.upstreams[0].endpoints.len() >= 3, "{block}");
-    }
+    assert_endpoint_examples(&blocks);
 }
 
 #[test]
@@ -167,12 +173,7 @@ fn endpoint_examples_in_the_docs_validate() {
         .filter_map(|section| section.split("```toml\n").nth(1))
         .filter_map(|rest| rest.split("```").next())
         .collect();
-    assert_eq!(blocks.len(), 2, "an Azure OpenAI and a vLLM-fleet example");
-    for block in blocks {
-        let text = format!("{block}\n[[tenants]]\nid = \"t\"\napi_keys = [\"k\"]\n");
-        let config = Config::from_toml_str(&text).unwrap_or_else(|e| panic!("{e}\n{block}"));
-        assert!(config.upstreams[0].endpoints.len() >= 3, "{block}");
-    }
+    assert_endpoint_examples(&blocks);
 }
 
 #[test]

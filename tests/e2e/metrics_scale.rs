@@ -115,27 +115,7 @@ async fn metrics_stay_within_five_lines_per_tenant_at_two_thousand_tenants() {
         .await;
     let addr = proxy.addr;
     // One request per tenant, CONCURRENCY at a time (bounded in count).
-    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let mut workers = Vec::new();
-    for _ in 0..CONCURRENCY {
-        let next = next.clone();
-        workers.push(tokio::spawn(async move {
-            let mut ok = 0usize;
-            loop {
-                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                if i >= TENANTS {
-                    return ok;
-                }
-                let key = format!("key-{i:05}");
-                let r = send(post(addr, "/v1/chat/completions", Some(&key), &body(), &[])).await;
-                ok += usize::from(r.status == 200);
-            }
-        }));
-    }
-    let mut ok = 0;
-    for w in workers {
-        ok += w.await.unwrap();
-    }
+    let ok = serve_each(addr, TENANTS).await;
     assert_eq!(ok, TENANTS, "every tenant was served");
 
     let text = scrape(addr).await;
