@@ -10,6 +10,8 @@
 //! whole; a failed or abandoned upload leaves no chunk behind (dropped at once, or at the next
 //! start after a crash); another tenant's file id reads as absent.
 
+use std::sync::Arc;
+
 use bytes::{Bytes, BytesMut};
 use futures_util::TryStreamExt;
 use http::{header, HeaderValue, Request, Response, StatusCode};
@@ -28,7 +30,7 @@ const FORM_OVERHEAD: u64 = 64 * 1024;
 /// Where an upload's bytes go as they arrive: chunks of [`CHUNK_BYTES`] (SQLite rows, or
 /// fields of one Redis hash).
 struct Sink {
-    store: Store,
+    store: Arc<dyn Store>,
     id: String,
     buf: BytesMut,
     seq: u32,
@@ -36,7 +38,7 @@ struct Sink {
 }
 
 impl Sink {
-    fn new(store: &Store, id: &str) -> Self {
+    fn new(store: &Arc<dyn Store>, id: &str) -> Self {
         Self {
             store: store.clone(),
             id: id.to_owned(),

@@ -72,7 +72,7 @@ pub struct Jobs(Arc<Inner>);
 
 #[derive(Debug)]
 struct Inner {
-    store: Store,
+    store: Arc<dyn Store>,
     config: JobsConfig,
     wake: tokio::sync::Notify,
     meter: Option<Arc<dyn Meter>>,
@@ -90,8 +90,8 @@ impl Jobs {
         config: &JobsConfig,
         meter: Option<Arc<dyn Meter>>,
     ) -> Result<Self, rusqlite::Error> {
-        let store = Store::Sqlite(Arc::new(store::Sqlite::open(&config.path)?));
-        Ok(Self::with_store(store, config, meter))
+        let store = store::Sqlite::open(&config.path)?;
+        Ok(Self::with_store(Arc::new(store), config, meter))
     }
 
     /// The jobs subsystem on the cluster's Redis (`config.path` is not used).
@@ -100,11 +100,15 @@ impl Jobs {
         config: &JobsConfig,
         meter: Option<Arc<dyn Meter>>,
     ) -> Self {
-        let store = Store::Redis(store::RedisStore::new(redis, config));
-        Self::with_store(store, config, meter)
+        let store = store::RedisStore::new(redis, config);
+        Self::with_store(Arc::new(store), config, meter)
     }
 
-    fn with_store(store: Store, config: &JobsConfig, meter: Option<Arc<dyn Meter>>) -> Self {
+    fn with_store(
+        store: Arc<dyn Store>,
+        config: &JobsConfig,
+        meter: Option<Arc<dyn Meter>>,
+    ) -> Self {
         Self(Arc::new(Inner {
             store,
             config: config.clone(),
@@ -121,8 +125,8 @@ impl Jobs {
         self.0.meter.as_deref()
     }
 
-    /// The store.
-    pub fn store(&self) -> &Store {
+    /// The store (whichever backend).
+    pub fn store(&self) -> &Arc<dyn Store> {
         &self.0.store
     }
 

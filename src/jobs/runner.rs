@@ -8,13 +8,13 @@
 //! provider's, or a final refusal such as a 400 — is the job's result, committed before the
 //! slot is released. The in-flight count per tenant is a guard released on drop.
 //!
-//! With the Redis store, each claim is a lease: the runner renews the leases of the jobs it
-//! runs every `lease_ms / 3` (a claim in the renewal set is removed by the same guard, only
-//! under its own token), and every tick it queues again jobs whose lease expired, renewing its
-//! own in the same script first: a replica that stalled past its leases (a loaded host) does
-//! not reclaim and send again lines it still runs; only another replica takes them, once
-//! expired. An answer recorded after this replica's claim was reclaimed is discarded by the
-//! store (`fairgate_jobs_late_total`).
+//! When the store's claims are leases (`Store::lease`: the Redis store's), the runner renews
+//! the leases of the jobs it runs every `lease / 3` (a claim in the renewal set is removed by
+//! the same guard, only under its own token), and every tick it queues again jobs whose lease
+//! expired, renewing its own in the same script first: a replica that stalled past its leases
+//! (a loaded host) does not reclaim and send again lines it still runs; only another replica
+//! takes them, once expired. An answer recorded after this replica's claim was reclaimed is
+//! discarded by the store (`fairgate_jobs_late_total`).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -26,7 +26,7 @@ use bytes::Bytes;
 use http::{header, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 
-use super::store::{Claimed, Store, StoreError};
+use super::store::{Claimed, StoreError};
 use super::{batch, Jobs};
 use crate::context::JobRun;
 use crate::domain::TenantId;
@@ -92,13 +92,13 @@ impl Drop for Slot {
 pub async fn run(jobs: Jobs, dispatch: Dispatch, mut stop: tokio::sync::watch::Receiver<bool>) {
     let inflight: Inflight = Arc::default();
     let held: Held = Arc::default();
-    let shared = matches!(jobs.store(), Store::Redis(_));
-    if shared {
-        tokio::spawn(renew(jobs.clone(), held.clone(), stop.clone()));
+    // Claims that are leases (the Redis store's) are renewed while they run, and expired ones
+    // looked for a few times per lease.
+    let lease = jobs.store().lease();
+    if let Some(lease) = lease {
+        tokio::spawn(renew(jobs.clone(), lease, held.clone(), stop.clone()));
     }
-    // With Redis, leases expire at `lease_ms`: look for expired ones a few times per lease.
-    let lease = Duration::from_millis(jobs.config().lease_ms.max(30));
-    let tick = if shared { TICK.min(lease / 3) } else { TICK };
+    let tick = lease.map_or(TICK, |l| TICK.min(l.max(Duration::from_millis(30)) / 3));
     let mut last_cleanup = tokio::time::Instant::now() - Duration::from_secs(3600);
     let mut last_expiry = last_cleanup;
     loop {
@@ -117,7 +117,7 @@ pub async fn run(jobs: Jobs, dispatch: Dispatch, mut stop: tokio::sync::watch::R
                 Err(e) => tracing::warn!(error = %e, "jobs: cannot expire batches"),
             }
         }
-        if shared {
+        if lease.is_some() {
             match jobs.store().reclaim(&claims(&held)).await {
                 Ok(0) => {}
                 Ok(n) => tracing::warn!(jobs = n, "jobs: leases expired, queued again"),
@@ -169,9 +169,15 @@ fn claims(held: &Held) -> Vec<(String, u64)> {
         .collect()
 }
 
-/// Renews the leases of the claims this runner holds, every `lease_ms / 3`, until `stop`.
-async fn renew(jobs: Jobs, held: Held, mut stop: tokio::sync::watch::Receiver<bool>) {
-    let every = Duration::from_millis((jobs.config().lease_ms / 3).max(10));
+/// Renews the leases (of `lease`) of the claims this runner holds, every `lease / 3`, until
+/// `stop`.
+async fn renew(
+    jobs: Jobs,
+    lease: Duration,
+    held: Held,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let every = (lease / 3).max(Duration::from_millis(10));
     loop {
         tokio::select! {
             _ = tokio::time::sleep(every) => {}

@@ -1,8 +1,10 @@
-//! One contract, both backends: the same [`Store`] operations run against SQLite
-//! (`sqlite_keeps_the_contract`) and against a real `redis-server`
-//! (`redis::tests::redis_keeps_the_contract`): per-tenant reads, the job life cycle with its
-//! typed states, files in chunks, batches finalized once, and a corrupt stored state read as an
-//! error, never as a default.
+//! One contract, both backends: [`run`] is generic over the [`Store`] trait and runs the same
+//! operations against SQLite (`sqlite_keeps_the_contract`, through `Arc<dyn Store>` as the jobs
+//! subsystem holds a store) and against a real `redis-server`
+//! (`redis::tests::redis_keeps_the_contract`, on its own type): per-tenant reads, the job life
+//! cycle with its typed states, a running claim renewed and never reclaimed from its holder,
+//! files in chunks, batches finalized once, and a corrupt stored state read as an error, never
+//! as a default.
 
 use crate::domain::TenantId;
 
@@ -30,8 +32,9 @@ fn file(id: &str, bytes: usize) -> File {
 
 /// Runs the contract on `s` (an empty store of either backend). `corrupt` writes a state that
 /// is no [`JobState`] into the stored job `id`, by the backend's own means.
-pub(super) async fn run<F, Fut>(s: &Store, corrupt: F)
+pub(super) async fn run<S, F, Fut>(s: &S, corrupt: F)
 where
+    S: Store + ?Sized,
     F: FnOnce(String) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
@@ -61,6 +64,17 @@ where
         JobState::Running
     );
     let c = &claimed[0];
+    let own = [(c.id.clone(), c.token)];
+    assert_eq!(s.renew(&own).await.unwrap(), 0, "a held claim is not lost");
+    assert_eq!(
+        s.reclaim(&own).await.unwrap(),
+        0,
+        "nor reclaimed from its holder"
+    );
+    assert_eq!(
+        s.job(&a, "j1").await.unwrap().unwrap().state,
+        JobState::Running
+    );
     assert!(s
         .finish(&c.id, c.token, 201, Some("application/json"), b"ok")
         .await
@@ -186,9 +200,10 @@ where
 #[tokio::test]
 async fn sqlite_keeps_the_contract() {
     let path = std::env::temp_dir().join(format!("fg-contract-{:x}.sqlite", rand::random::<u64>()));
-    let s = Store::Sqlite(std::sync::Arc::new(super::Sqlite::open(&path).unwrap()));
+    let s: std::sync::Arc<dyn Store> = std::sync::Arc::new(super::Sqlite::open(&path).unwrap());
+    assert_eq!(s.lease(), None, "claims hold while the process lives");
     let p = path.clone();
-    run(&s, |id| async move {
+    run(&*s, |id| async move {
         let c = rusqlite::Connection::open(&p).unwrap();
         c.execute("UPDATE jobs SET state = 'bogus' WHERE id = ?1", [id])
             .unwrap();

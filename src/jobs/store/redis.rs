@@ -33,7 +33,10 @@ use std::sync::Arc;
 
 use redis::{Script, ScriptInvocation, Value};
 
-use super::{now, Claimed, Counts, File, Job, JobState, Line, NewJob, Result, StoreError};
+use bytes::Bytes;
+
+use super::{now, Claimed, Counts, File, Job, JobState, Line, NewJob, Result, Store, StoreError};
+use crate::domain::TenantId;
 
 /// Seconds an upload's chunks live without a new one before it is committed (a replica that
 /// died mid-upload leaves them at most this long).
@@ -163,16 +166,23 @@ impl RedisStore {
         }
         self.redis.eval(&inv).await.ok_or(StoreError::Redis)
     }
+}
 
-    pub(super) async fn usage(&self, tenant: &str) -> Result<(u64, u64)> {
+#[async_trait::async_trait]
+impl Store for RedisStore {
+    fn lease(&self) -> Option<std::time::Duration> {
+        Some(std::time::Duration::from_millis(self.lease_ms))
+    }
+
+    async fn usage(&self, tenant: &TenantId) -> Result<(u64, u64)> {
         let [n, b] = fields(self.call(&scripts::USAGE, &[a(tenant)]).await?)?;
         Ok((uint(&n), uint(&b)))
     }
 
-    pub(super) async fn insert(
+    async fn insert(
         &self,
-        tenant: &str,
-        jobs: &[NewJob],
+        tenant: &TenantId,
+        jobs: Vec<NewJob>,
         batch: Option<(String, String)>,
     ) -> Result<()> {
         let (bid, doc) = batch.unwrap_or_default();
@@ -189,14 +199,7 @@ impl RedisStore {
                 Some((_, l, cid)) => (a(l), a(cid)),
                 None => (Vec::new(), Vec::new()),
             };
-            args.extend([
-                a(&j.id),
-                line,
-                cid,
-                a(&j.method),
-                a(&j.path),
-                j.body.clone(),
-            ]);
+            args.extend([a(&j.id), line, cid, a(&j.method), a(&j.path), j.body]);
         }
         match int(&self.call(&scripts::INSERT, &args).await?) {
             Some(-1) => Err(StoreError::Limit {
@@ -212,7 +215,7 @@ impl RedisStore {
         }
     }
 
-    pub(super) async fn job(&self, tenant: &str, id: &str) -> Result<Option<Job>> {
+    async fn job(&self, tenant: &TenantId, id: &str) -> Result<Option<Job>> {
         let v = self.call(&scripts::JOB, &[a(tenant), a(id)]).await?;
         if v == Value::Nil {
             return Ok(None);
@@ -226,7 +229,7 @@ impl RedisStore {
         }))
     }
 
-    pub(super) async fn cancel(&self, tenant: &str, id: &str) -> Result<Option<JobState>> {
+    async fn cancel(&self, tenant: &TenantId, id: &str) -> Result<Option<JobState>> {
         let args = [a(tenant), a(id), a(now())];
         match self.call(&scripts::CANCEL, &args).await? {
             Value::Nil => Ok(None),
@@ -234,11 +237,12 @@ impl RedisStore {
         }
     }
 
-    pub(super) async fn queued_tenants(&self) -> Result<Vec<String>> {
-        strings(self.call(&scripts::TENANTS, &[]).await?)
+    async fn queued_tenants(&self) -> Result<Vec<TenantId>> {
+        let names = strings(self.call(&scripts::TENANTS, &[]).await?)?;
+        Ok(names.into_iter().map(TenantId::new).collect())
     }
 
-    pub(super) async fn claim(&self, tenant: &str, n: usize) -> Result<Vec<Claimed>> {
+    async fn claim(&self, tenant: &TenantId, n: usize) -> Result<Vec<Claimed>> {
         let args = [a(tenant), a(n), a(self.lease_ms), a(self.max_inflight)];
         let rows = array(self.call(&scripts::CLAIM, &args).await?)?;
         rows.into_iter()
@@ -247,7 +251,7 @@ impl RedisStore {
                 Ok(Claimed {
                     id: string(id).ok_or(StoreError::Shape)?,
                     token: uint(&token),
-                    tenant: crate::domain::TenantId::new(tenant),
+                    tenant: tenant.clone(),
                     batch: opt(batch),
                     method: string(method).ok_or(StoreError::Shape)?,
                     path: string(path).ok_or(StoreError::Shape)?,
@@ -257,7 +261,7 @@ impl RedisStore {
             .collect()
     }
 
-    pub(super) async fn renew(&self, claims: &[(String, u64)]) -> Result<usize> {
+    async fn renew(&self, claims: &[(String, u64)]) -> Result<usize> {
         if claims.is_empty() {
             return Ok(0);
         }
@@ -268,7 +272,7 @@ impl RedisStore {
         Ok(uint(&self.call(&scripts::RENEW, &args).await?) as usize)
     }
 
-    pub(super) async fn reclaim(&self, own: &[(String, u64)]) -> Result<usize> {
+    async fn reclaim(&self, own: &[(String, u64)]) -> Result<usize> {
         let mut args = vec![a(RECLAIM_BATCH), a(self.lease_ms)];
         for (id, token) in own {
             args.extend([a(id), a(token)]);
@@ -277,12 +281,12 @@ impl RedisStore {
         Ok(uint(&v) as usize)
     }
 
-    pub(super) async fn requeue(&self, id: &str, token: u64) -> Result<()> {
+    async fn requeue(&self, id: &str, token: u64) -> Result<()> {
         self.call(&scripts::REQUEUE, &[a(id), a(token)]).await?;
         Ok(())
     }
 
-    pub(super) async fn finish(
+    async fn finish(
         &self,
         id: &str,
         token: u64,
@@ -303,13 +307,13 @@ impl RedisStore {
         Ok(int(&self.call(&scripts::FINISH, &args).await?) == Some(1))
     }
 
-    pub(super) async fn put_chunk(&self, id: &str, seq: u32, data: &[u8]) -> Result<()> {
+    async fn put_chunk(&self, id: &str, seq: u32, data: Bytes) -> Result<()> {
         let args = [a(id), a(seq), data.to_vec(), a(UPLOAD_TTL_S)];
         self.call(&scripts::CHUNK_PUT, &args).await?;
         Ok(())
     }
 
-    pub(super) async fn commit_file(&self, tenant: &str, f: &File) -> Result<()> {
+    async fn commit_file(&self, tenant: &TenantId, f: &File) -> Result<()> {
         let args = [
             a(tenant),
             a(&f.id),
@@ -328,24 +332,23 @@ impl RedisStore {
         }
     }
 
-    pub(super) async fn abort_file(&self, id: &str) -> Result<()> {
+    async fn abort_file(&self, id: &str) -> Result<()> {
         self.call(&scripts::CHUNK_ABORT, &[a(id)]).await?;
         Ok(())
     }
 
-    pub(super) async fn file_chunk(
-        &self,
-        tenant: &str,
-        id: &str,
-        seq: u32,
-    ) -> Result<Option<Vec<u8>>> {
+    async fn file_chunk(&self, tenant: &TenantId, id: &str, seq: u32) -> Result<Option<Bytes>> {
         let v = self
             .call(&scripts::CHUNK_GET, &[a(tenant), a(id), a(seq)])
             .await?;
-        Ok(array(v)?.into_iter().next().and_then(bytes))
+        Ok(array(v)?
+            .into_iter()
+            .next()
+            .and_then(bytes)
+            .map(Bytes::from))
     }
 
-    pub(super) async fn file(&self, tenant: &str, id: &str) -> Result<Option<File>> {
+    async fn file(&self, tenant: &TenantId, id: &str) -> Result<Option<File>> {
         let v = self.call(&scripts::FILE_GET, &[a(tenant), a(id)]).await?;
         if v == Value::Nil {
             return Ok(None);
@@ -360,9 +363,9 @@ impl RedisStore {
         }))
     }
 
-    pub(super) async fn files(
+    async fn files(
         &self,
-        tenant: &str,
+        tenant: &TenantId,
         after: Option<&str>,
         limit: usize,
         purpose: Option<&str>,
@@ -388,26 +391,26 @@ impl RedisStore {
             .collect()
     }
 
-    pub(super) async fn delete_file(&self, tenant: &str, id: &str) -> Result<bool> {
+    async fn delete_file(&self, tenant: &TenantId, id: &str) -> Result<bool> {
         let v = self
             .call(&scripts::FILE_DELETE, &[a(tenant), a(id)])
             .await?;
         Ok(int(&v) == Some(1))
     }
 
-    pub(super) async fn batch(&self, tenant: &str, id: &str) -> Result<Option<String>> {
+    async fn batch(&self, tenant: &TenantId, id: &str) -> Result<Option<String>> {
         Ok(string(
             self.call(&scripts::BATCH, &[a(tenant), a(id)]).await?,
         ))
     }
 
-    pub(super) async fn batch_tenant(&self, id: &str) -> Result<Option<String>> {
+    async fn batch_tenant(&self, id: &str) -> Result<Option<String>> {
         Ok(string(self.call(&scripts::BATCH, &[a(""), a(id)]).await?))
     }
 
-    pub(super) async fn batches(
+    async fn batches(
         &self,
-        tenant: &str,
+        tenant: &TenantId,
         after: Option<&str>,
         limit: usize,
     ) -> Result<Vec<String>> {
@@ -415,23 +418,18 @@ impl RedisStore {
         strings(self.call(&scripts::BATCHES, &args).await?)
     }
 
-    pub(super) async fn cancel_batch(&self, tenant: &str, id: &str, doc: &str) -> Result<bool> {
+    async fn cancel_batch(&self, tenant: &TenantId, id: &str, doc: &str) -> Result<bool> {
         let args = [a(tenant), a(id), a(doc), a(now())];
         Ok(int(&self.call(&scripts::BATCH_CANCEL, &args).await?) == Some(1))
     }
 
-    pub(super) async fn insert_failed_batch(
-        &self,
-        tenant: &str,
-        id: &str,
-        doc: &str,
-    ) -> Result<()> {
+    async fn insert_failed_batch(&self, tenant: &TenantId, id: &str, doc: &str) -> Result<()> {
         let args = [a(tenant), a(id), a(doc), a(now())];
         self.call(&scripts::BATCH_FAILED, &args).await?;
         Ok(())
     }
 
-    pub(super) async fn counts(&self, id: &str) -> Result<Counts> {
+    async fn counts(&self, id: &str) -> Result<Counts> {
         let [total, completed, failed, unfinished] =
             fields(self.call(&scripts::COUNTS, &[a(id)]).await?)?;
         Ok(Counts {
@@ -442,7 +440,12 @@ impl RedisStore {
         })
     }
 
-    pub(super) async fn lines(&self, id: &str) -> Result<Vec<Line>> {
+    /// Redis reads the batch's counters (no per-line index to probe).
+    async fn unfinished(&self, id: &str) -> Result<bool> {
+        Ok(self.counts(id).await?.unfinished > 0)
+    }
+
+    async fn lines(&self, id: &str) -> Result<Vec<Line>> {
         let rows = array(self.call(&scripts::LINES, &[a(id)]).await?)?;
         rows.into_iter()
             .map(|row| {
@@ -458,7 +461,7 @@ impl RedisStore {
             .collect()
     }
 
-    pub(super) async fn due_batches(&self, now: u64) -> Result<Vec<(String, String, String)>> {
+    async fn due_batches(&self, now: u64) -> Result<Vec<(String, String, String)>> {
         let args = [a(now), a(super::DUE_BATCHES)];
         array(self.call(&scripts::DUE, &args).await?)?
             .into_iter()
@@ -473,17 +476,17 @@ impl RedisStore {
             .collect()
     }
 
-    pub(super) async fn settled_batches(&self) -> Result<Vec<String>> {
+    async fn settled_batches(&self) -> Result<Vec<String>> {
         strings(self.call(&scripts::OPEN, &[]).await?)
     }
 
-    pub(super) async fn finalize(
+    async fn finalize(
         &self,
         id: &str,
         expected: &str,
         doc: &str,
         status: &str,
-        files: &[(File, Vec<u8>)],
+        files: Vec<(File, Vec<u8>)>,
     ) -> Result<bool> {
         let mut args = vec![
             a(id),
@@ -500,7 +503,7 @@ impl RedisStore {
                 a(&f.filename),
                 a(f.bytes),
                 a(f.created),
-                content.clone(),
+                content,
             ]);
         }
         Ok(int(&self.call(&scripts::FINALIZE, &args).await?) == Some(1))
@@ -508,7 +511,7 @@ impl RedisStore {
 
     /// Deletes in steps of [`CLEANUP_BATCH`] (each step one short script, so Redis is never
     /// blocked long), at most [`CLEANUP_STEPS`] steps a call.
-    pub(super) async fn cleanup(&self, before: u64) -> Result<usize> {
+    async fn cleanup(&self, before: u64) -> Result<usize> {
         let mut total = 0;
         for _ in 0..CLEANUP_STEPS {
             let v = self
@@ -523,12 +526,12 @@ impl RedisStore {
         Ok(total)
     }
 
-    pub(super) async fn oldest_queued(&self) -> Result<u64> {
+    async fn oldest_queued(&self) -> Result<u64> {
         let v = self.call(&scripts::OLDEST, &[]).await?;
         Ok(int(&v).map_or(0, |t| now().saturating_sub(t.max(0) as u64)))
     }
 
-    pub(super) async fn states(&self) -> Result<Vec<(String, JobState, u64)>> {
+    async fn states(&self) -> Result<Vec<(String, JobState, u64)>> {
         let flat = array(self.call(&scripts::STATES, &[]).await?)?;
         let mut out = Vec::new();
         let mut it = flat.into_iter();

@@ -6,13 +6,18 @@
 //! `cancelled` from `queued`), and a `running` job found at open (the process died while it
 //! was in flight) goes back to `queued`: at-least-once for a line in flight at a crash, never
 //! again for a finished one (its result is committed before it counts as finished). Calls are
-//! short synchronous transactions under one mutex; [`super::Store`] runs each on tokio's
-//! blocking pool, so neither the mutex nor the disk ever blocks an async worker.
+//! short synchronous transactions under one mutex ([`Db`]); [`Sqlite`], the backend's
+//! [`super::Store`], runs each on tokio's blocking pool ([`blocking`]), so neither the mutex nor
+//! the disk ever blocks an async worker.
 //!
 //! Write transactions are `IMMEDIATE` (the write lock before the first read): the file may be
 //! `[store] path`, shared with the usage ledger and the runtime tenants on their own
 //! connections, and a deferred transaction that read first fails `database is locked` at once
 //! when another connection committed meanwhile, where an immediate one waits (`busy_timeout`).
+
+mod blocking;
+
+pub use blocking::Sqlite;
 
 use std::path::Path;
 use std::sync::Mutex;
@@ -48,13 +53,13 @@ CREATE INDEX IF NOT EXISTS batches_due ON batches(json_extract(doc, '$.expires_a
   WHERE status = 'in_progress';
 ";
 
-/// The SQLite store (one connection behind a mutex).
+/// The SQLite file's calls, synchronous (one connection behind a mutex).
 #[derive(Debug)]
-pub struct Sqlite {
+pub struct Db {
     conn: Mutex<Connection>,
 }
 
-impl Sqlite {
+impl Db {
     /// Opens (creating if absent) the store at `path`; jobs left `running` by a previous
     /// process go back to `queued`.
     pub fn open(path: &Path) -> Result<Self> {
@@ -245,17 +250,8 @@ impl Sqlite {
         })
     }
 
-    /// Stores a file (its content in chunks of [`CHUNK_BYTES`]).
-    pub fn insert_file(&self, tenant: &str, f: &File, content: &[u8]) -> Result<()> {
-        self.with(|c| {
-            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            put_file(&tx, tenant, f, content)?;
-            tx.commit()
-        })
-    }
-
     /// Stores chunk `seq` of the file `id` being uploaded (not visible until
-    /// [`Sqlite::commit_file`]).
+    /// [`Db::commit_file`]).
     pub fn put_chunk(&self, id: &str, seq: u32, data: &[u8]) -> Result<()> {
         self.with(|c| {
             c.execute(
@@ -318,28 +314,6 @@ impl Sqlite {
                 file_row,
             )
             .optional()
-        })
-    }
-
-    /// The content of file `id` of `tenant`, whole.
-    pub fn file_content(&self, tenant: &str, id: &str) -> Result<Option<Vec<u8>>> {
-        self.with(|c| {
-            let Some(mut content) = c
-                .query_row(
-                    "SELECT content FROM files WHERE id = ?1 AND tenant = ?2",
-                    [id, tenant],
-                    |r| r.get::<_, Vec<u8>>(0),
-                )
-                .optional()?
-            else {
-                return Ok(None);
-            };
-            let mut q = c.prepare("SELECT data FROM file_chunks WHERE file = ?1 ORDER BY seq")?;
-            let mut rows = q.query([id])?;
-            while let Some(r) = rows.next()? {
-                content.extend_from_slice(r.get_ref(0)?.as_blob()?);
-            }
-            Ok(Some(content))
         })
     }
 
@@ -656,7 +630,7 @@ mod tests {
     fn reads_are_per_tenant_and_a_crash_requeues_what_was_running() {
         let dir = std::env::temp_dir().join(format!("fg-store-{:x}", rand::random::<u64>()));
         let path = dir.with_extension("sqlite");
-        let s = Sqlite::open(&path).unwrap();
+        let s = Db::open(&path).unwrap();
         s.insert("a", &[job("j1"), job("j2")], None).unwrap();
         assert!(s.job("a", "j1").unwrap().is_some());
         assert!(s.job("b", "j1").unwrap().is_none(), "another tenant's id");
@@ -669,7 +643,7 @@ mod tests {
         assert_eq!(running.len(), 1);
         drop(s);
         // Reopened: the finished job stays finished, the running one is queued again.
-        let s = Sqlite::open(&path).unwrap();
+        let s = Db::open(&path).unwrap();
         assert_eq!(
             s.job("a", &claimed[0].id).unwrap().unwrap().state,
             JobState::Completed
@@ -688,7 +662,7 @@ mod tests {
     fn queued_tenants_and_unfinished_read_the_indexes_right() {
         let path =
             std::env::temp_dir().join(format!("fg-store-{:x}.sqlite", rand::random::<u64>()));
-        let s = Sqlite::open(&path).unwrap();
+        let s = Db::open(&path).unwrap();
         let line = |id: &str, n: u32| NewJob {
             batch: Some(("b1".into(), n, id.into())),
             ..job(id)
@@ -716,7 +690,7 @@ mod tests {
     fn only_batches_whose_lines_all_finished_are_settled() {
         let path =
             std::env::temp_dir().join(format!("fg-store-{:x}.sqlite", rand::random::<u64>()));
-        let s = Sqlite::open(&path).unwrap();
+        let s = Db::open(&path).unwrap();
         let line = |id: &str, n: u32| NewJob {
             batch: Some(("b1".into(), n, id.into())),
             ..job(id)
