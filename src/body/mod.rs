@@ -235,7 +235,7 @@ pub fn parse(bytes: &[u8]) -> Result<Parsed, Error> {
         choices: choices.0,
         choices_param: choices.1,
         kept_bytes: value_bytes(&value),
-        value: std::sync::Arc::new(value),
+        value: crate::context::Document::new(value),
     })
 }
 
@@ -432,8 +432,9 @@ mod tests {
             r#"{{"model":"m","messages":[{{"role":"user","content":"hi"}}],"blob":"{big}"}}"#
         );
         let p = parse(body.as_bytes()).unwrap();
-        assert!(p.value.get("blob").is_none());
-        assert!(p.value.get("messages").is_some());
+        let value = p.value.get().unwrap();
+        assert!(value.get("blob").is_none());
+        assert!(value.get("messages").is_some());
         assert!(p.kept_bytes < 4096, "{}", p.kept_bytes);
         // A kept field is counted at least at its size.
         let body = format!(r#"{{"model":"m","messages":[{{"role":"user","content":"{big}"}}]}}"#);

@@ -24,7 +24,7 @@ use tokio::time::Instant;
 
 use crate::error::{Error, Reason};
 pub use outcome::{Admitted, BucketState, Deadline, Dispatch, RateState, ResponseMeta, Usage};
-pub use request::{Endpoint, Estimate, Input, Parsed, Route};
+pub use request::{Document, Endpoint, Estimate, Input, Parsed, Route};
 pub use tenant::{Identity, OwnKeys, ProviderKey, Tenant};
 pub use trace::{Trace, TRACEPARENT};
 

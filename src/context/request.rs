@@ -23,12 +23,49 @@ pub struct Parsed {
     pub choices: u64,
     /// The field that gave [`Parsed::choices`], if not the default.
     pub choices_param: Option<&'static str>,
-    /// The fields of the document fairgate reads (`body::KEPT_FIELDS`; kept once, shared).
-    /// Every other field stays only in the body bytes, which are forwarded as received.
-    pub value: Arc<serde_json::Value>,
-    /// Bytes `value` holds (measured by `body::value_bytes`), counted with the body in the
-    /// byte budget (`queue::bytes`).
+    /// The fields of the document fairgate reads (`body::KEPT_FIELDS`; kept once, shared),
+    /// until `estimate` has counted them. Every other field stays only in the body bytes, which
+    /// are forwarded as received.
+    pub value: Document,
+    /// Bytes `value` held (measured by `body::value_bytes`), counted with the body in the
+    /// byte budget (`queue::bytes`) for the request's life: the budget counts what the request
+    /// held at its largest.
     pub kept_bytes: u64,
+}
+
+/// The parsed document of a request, kept until the last stage that reads it (`estimate`) has
+/// counted it, then released ([`Document::release`]): a request waiting in the fair queue holds
+/// its body bytes and the scalars of [`Parsed`], not a second, parsed copy of its messages.
+#[derive(Debug, Default)]
+pub struct Document(arc_swap::ArcSwapOption<serde_json::Value>);
+
+impl Document {
+    /// Keeps `value`.
+    pub fn new(value: serde_json::Value) -> Self {
+        Self(arc_swap::ArcSwapOption::from_pointee(value))
+    }
+
+    /// The document, unless it was released.
+    pub fn get(&self) -> Option<Arc<serde_json::Value>> {
+        self.0.load_full()
+    }
+
+    /// Drops the document (once every reader has read it); a holder of [`Document::get`]'s
+    /// `Arc` keeps it until that is dropped.
+    pub fn release(&self) {
+        self.0.store(None);
+    }
+
+    /// Whether [`Document::release`] was called.
+    pub fn is_released(&self) -> bool {
+        self.0.load().is_none()
+    }
+}
+
+impl Clone for Document {
+    fn clone(&self) -> Self {
+        Self(arc_swap::ArcSwapOption::new(self.get()))
+    }
 }
 
 /// The chosen upstream pool.

@@ -139,9 +139,13 @@ where
             .ok_or_else(|| crate::Error::internal("estimate reached by an unrouted path"))?;
         let tenant = ctx.identity()?.tenant.id.clone();
         let parsed = ctx.request()?;
+        // The last reader of the parse: released below, once counted.
+        let value = parsed.value.get().ok_or_else(|| {
+            crate::Error::internal("the parsed body was released before estimate")
+        })?;
         let est = &layer.estimator;
         let input = if req.body().len() <= INLINE_MAX_BYTES {
-            est.count(endpoint, &parsed.model, &parsed.value)
+            est.count(endpoint, &parsed.model, &value)
         } else {
             // The tenant's turn first: a flood queues on its own semaphore, and the pool's
             // queue holds at most a few waiters per tenant.
@@ -157,6 +161,7 @@ where
                 .await
                 .map_err(|_| Error::Counting)?;
             let (est, ctx, counted) = (est.clone(), ctx.clone(), layer.counted.clone());
+            let value = value.clone();
             // The turns move into the task: a client that goes away while its body is
             // counted does not free them before the counting ends.
             tokio::task::spawn_blocking(move || {
@@ -164,7 +169,7 @@ where
                 // never holds more pool turns than its own.
                 let turns = (turn, own);
                 let parsed = ctx.request()?;
-                let n = est.count(endpoint, &parsed.model, &parsed.value);
+                let n = est.count(endpoint, &parsed.model, &value);
                 counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 drop(turns);
                 Ok::<_, crate::Error>(n)
@@ -173,9 +178,9 @@ where
             .map_err(|_| Error::Counting)??
         };
         let input = input?;
-        let strip_usage = asks_usage_for_client(endpoint, parsed);
+        let strip_usage = asks_usage_for_client(endpoint, parsed, &value);
         if strip_usage {
-            if let Some(body) = with_include_usage(req.body(), &parsed.value) {
+            if let Some(body) = with_include_usage(req.body(), &value) {
                 *req.body_mut() = body;
             }
             // The usage chunk is removed from the stream, which needs plain bytes: a coded
@@ -193,7 +198,7 @@ where
             endpoint,
             parsed.max_tokens,
             parsed.choices,
-            &parsed.value,
+            &value,
             est.config().default_output_tokens,
         );
         ctx.set_estimate(Estimate {
@@ -212,6 +217,10 @@ where
             },
         });
         ctx.set_estimated_span(began, tokio::time::Instant::now());
+        // Nothing below reads the parse (the scalars of `Parsed` stay): a queued request keeps
+        // only its body bytes (issue 25).
+        drop(value);
+        parsed.value.release();
         inner.call(req).await
     }
 }
@@ -258,11 +267,11 @@ fn output(
 
 /// Whether usage must be asked for on the client's behalf: a chat or completions stream whose
 /// `stream_options` (absent or an object) does not already ask for it.
-fn asks_usage_for_client(endpoint: Endpoint, p: &Parsed) -> bool {
+fn asks_usage_for_client(endpoint: Endpoint, p: &Parsed, value: &Value) -> bool {
     matches!(endpoint, Endpoint::Chat | Endpoint::Completions)
         && p.stream
         && !p.include_usage
-        && p.value
+        && value
             .get("stream_options")
             .is_none_or(|o| o.is_object() || o.is_null())
 }

@@ -226,7 +226,8 @@ fn choices_multiply_the_output_and_client_numbers_saturate() {
     assert_eq!(prompts(&json!({"prompt": []})), 1);
 }
 
-/// The estimate stage's blocking-pool turns: cancellation and one tenant's flood.
+/// The estimate stage's blocking-pool turns (cancellation, one tenant's flood) and what it
+/// leaves the stages below.
 mod turns {
     use std::sync::{Arc, Mutex};
     use std::time::Duration;
@@ -234,11 +235,11 @@ mod turns {
     use bytes::Bytes;
     use http::{Request, Response};
     use serde_json::json;
-    use tower::{Layer as _, Service as _};
+    use tower::{Layer as _, Service as _, ServiceExt as _};
 
     use crate::context::{Ctx, Identity, Tenant};
     use crate::domain::{Class, TenantId, Weight};
-    use crate::estimate::layer::{Layer, BLOCKING_PERMITS, BLOCKING_PER_TENANT};
+    use crate::estimate::layer::{Layer, BLOCKING_PERMITS, BLOCKING_PER_TENANT, INLINE_MAX_BYTES};
     use crate::estimate::Estimator;
     use crate::response::ResponseBody;
 
@@ -280,7 +281,7 @@ mod turns {
             choices: 1,
             choices_param: None,
             kept_bytes: 0,
-            value: Arc::new(value),
+            value: crate::context::Document::new(value),
         });
         let mut req = Request::post("/v1/chat/completions").body(body).unwrap();
         req.extensions_mut().insert(ctx);
@@ -319,6 +320,27 @@ mod turns {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         cond()
+    }
+
+    #[tokio::test]
+    async fn the_parse_is_released_once_counted_and_its_scalars_stay() {
+        let layer = Layer::new(Arc::new(Estimator::with_defaults()));
+        for size in [100, INLINE_MAX_BYTES + 1] {
+            let below = tower::service_fn(|req: Request<Bytes>| async move {
+                let ctx = crate::context::of(&req)?;
+                let parsed = ctx.request()?;
+                // What the stages below estimate read is still there; the document is not.
+                assert!(parsed.value.is_released(), "the parse outlived its count");
+                assert_eq!(parsed.model, "gpt-4o");
+                assert!(ctx.estimate()?.input.tokens > 0);
+                Ok::<_, crate::Error>(Response::new(ResponseBody::empty()))
+            });
+            let req = request("a", size);
+            let ctx = crate::context::of(&req).unwrap().clone();
+            let value = std::sync::Arc::downgrade(&ctx.request().unwrap().value.get().unwrap());
+            layer.layer(below).oneshot(req).await.unwrap();
+            assert!(value.upgrade().is_none(), "someone still holds the parse");
+        }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
