@@ -50,6 +50,9 @@ pub enum Error {
     /// The job store failed.
     #[error("job store error")]
     Store(super::store::StoreError),
+    /// A job's answer could not be read whole (stored as the job's result, never sent).
+    #[error("the answer could not be read whole")]
+    Unreadable,
 }
 
 impl Error {
@@ -81,13 +84,14 @@ impl ApiError for Error {
             Error::Method => StatusCode::METHOD_NOT_ALLOWED,
             Error::Store(super::store::StoreError::Redis) => StatusCode::SERVICE_UNAVAILABLE,
             Error::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Error::Unreadable => StatusCode::BAD_GATEWAY,
         }
     }
     fn kind(&self) -> &'static str {
         match self {
             // fairgate's 429s share OpenAI's rate-limit `type` (see `error::Error::all_headers`).
             Error::Limit { .. } | Error::RequestRate { .. } => "requests",
-            Error::Store(_) => "server_error",
+            Error::Store(_) | Error::Unreadable => "server_error",
             _ => "invalid_request_error",
         }
     }
@@ -102,6 +106,7 @@ impl ApiError for Error {
             Error::Method => "method_not_allowed",
             Error::Store(super::store::StoreError::Redis) => "job_store_unavailable",
             Error::Store(_) => "internal_error",
+            Error::Unreadable => "job_result_unreadable",
         }
     }
     fn param(&self) -> Option<&str> {
@@ -126,11 +131,13 @@ impl ApiError for Error {
             Error::Limit { .. } => Reason::JobLimit,
             Error::RequestRate { .. } => Reason::RequestRate,
             Error::Store(_) => Reason::JobStore,
+            Error::Unreadable => Reason::Internal,
             Error::NotFound(_) | Error::Disabled => Reason::NotFound,
             _ => Reason::BadRequest,
         }
     }
     fn never_sent(&self) -> bool {
-        true
+        // An unreadable answer came from the provider.
+        !matches!(self, Error::Unreadable)
     }
 }

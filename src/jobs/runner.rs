@@ -1,6 +1,9 @@
 //! The runner: feeds queued jobs, at most `[jobs] max_inflight_per_tenant` per tenant at once,
-//! through the whole stack (`Dispatch`, built by `server` over the generation in force) as the
-//! job's tenant in the batch class (`context::JobRun`), and records each answer.
+//! through the whole stack as the job's tenant in the batch class (`context::JobRun`), and
+//! records each answer. [`Dispatch`] is `server`'s: each job runs on a connection worker in
+//! turn (so its request uses that worker's upstream lane, on the runtime its connections live
+//! on), through the stack of the generation in force (built once per generation), and is read
+//! whole there ([`Answer::read`]); the store calls stay on the runner's runtime.
 //!
 //! Invariants: a job refused by fairgate itself for a reason that passes (429/503/504 never
 //! sent to the provider: a full queue, a rate limit, a deadline) goes back to the queue after
@@ -32,12 +35,56 @@ use crate::context::JobRun;
 use crate::domain::TenantId;
 use crate::response::ResponseBody;
 
-/// How the runner sends a request through the stack (built by `server`).
+/// How the runner sends a job through the stack (built by `server`: on a connection worker,
+/// through the generation in force's stack, the answer read there with [`Answer::read`]);
+/// `None` when the server is stopping and the job was not run to its end.
 pub type Dispatch = Arc<
-    dyn Fn(Request<Full<Bytes>>) -> Pin<Box<dyn Future<Output = Response<ResponseBody>> + Send>>
+    dyn Fn(Request<Full<Bytes>>) -> Pin<Box<dyn Future<Output = Option<Answer>> + Send>>
         + Send
         + Sync,
 >;
+
+/// A job's answer, read whole.
+#[derive(Debug)]
+pub struct Answer {
+    /// Its HTTP status.
+    pub status: u16,
+    /// Its content type.
+    pub content_type: Option<String>,
+    /// Its body (at most 64 MiB).
+    pub body: Bytes,
+}
+
+impl Answer {
+    /// Reads the stack's response `res` whole; one larger than 64 MiB, or whose body fails,
+    /// is a 502 saying so (`jobs::Error::Unreadable`).
+    pub async fn read(res: Response<ResponseBody>) -> Self {
+        let status = res.status().as_u16();
+        let content_type = res
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        match Limited::new(res.into_body(), MAX_RESULT_BYTES)
+            .collect()
+            .await
+        {
+            Ok(b) => Self {
+                status,
+                content_type,
+                body: b.to_bytes(),
+            },
+            Err(_) => {
+                let e = super::Error::Unreadable;
+                Self {
+                    status: crate::error::ApiError::status(&e).as_u16(),
+                    content_type,
+                    body: Bytes::from(crate::error::openai_json(&e)),
+                }
+            }
+        }
+    }
+}
 
 /// Largest answer stored for a job (a bigger one is stored as a 502 saying so).
 const MAX_RESULT_BYTES: usize = 64 << 20;
@@ -253,7 +300,14 @@ async fn one(jobs: Jobs, dispatch: Dispatch, job: Claimed, slot: Slot) {
             .await;
         return;
     };
-    let res = dispatch(req).await;
+    let Some(answer) = dispatch(req).await else {
+        // The server is stopping (the worker that ran the job is gone): not the job's answer.
+        if let Err(e) = jobs.store().requeue(&job.id, job.token).await {
+            tracing::warn!(error = %e, "jobs: cannot requeue");
+        }
+        drop(slot);
+        return;
+    };
     let passing = refused.get().is_some_and(|(status, _)| {
         matches!(
             *status,
@@ -263,7 +317,7 @@ async fn one(jobs: Jobs, dispatch: Dispatch, job: Claimed, slot: Slot) {
         )
     });
     if passing {
-        drop(res);
+        drop(answer);
         tokio::time::sleep(RETRY_PAUSE).await;
         if let Err(e) = jobs.store().requeue(&job.id, job.token).await {
             tracing::warn!(error = %e, "jobs: cannot requeue");
@@ -274,22 +328,11 @@ async fn one(jobs: Jobs, dispatch: Dispatch, job: Claimed, slot: Slot) {
         drop(slot);
         return;
     }
-    let status = res.status().as_u16();
-    let content_type = res
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
-    let (status, body) = match Limited::new(res.into_body(), MAX_RESULT_BYTES)
-        .collect()
-        .await
-    {
-        Ok(b) => (status, b.to_bytes()),
-        Err(_) => (
-            502,
-            Bytes::from_static(b"{\"error\":{\"message\":\"the answer could not be read whole\",\"type\":\"server_error\",\"code\":\"job_result_unreadable\"}}"),
-        ),
-    };
+    let Answer {
+        status,
+        content_type,
+        body,
+    } = answer;
     let store = jobs.store();
     match store
         .finish(&job.id, job.token, status, content_type.as_deref(), &body)

@@ -11,6 +11,9 @@
 //! cache when the generation in force changes; the cache holds its generation, so an idle
 //! thread keeps a replaced generation alive until its next request.
 //!
+//! A generation with `[jobs]` also holds the stack the jobs runner sends jobs through
+//! (`server::jobs`), built with the others: once per generation, never per job.
+//!
 //! Each request body is wrapped in a [`TimedBody`] with the `client_body_timeout_ms` of the
 //! generation in force when the request arrived (see `body::timeout`), inside a [`Linger`]
 //! that drains it if it is abandoned early (see `body::linger`).
@@ -28,8 +31,10 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
+use bytes::Bytes;
 use futures_util::future::Either;
 use http::{Request, Response};
+use http_body_util::Full;
 use hyper::body::Incoming;
 use tower::util::{BoxCloneSyncService, Oneshot};
 use tower::{Service as _, ServiceExt};
@@ -49,12 +54,18 @@ pub type Timed = Linger<TimedBody<Incoming>>;
 
 type HttpStack = BoxCloneSyncService<Request<Timed>, Response<ResponseBody>, Infallible>;
 
+/// The stack jobs re-enter (`jobs::runner`): the same stack over a body read from no socket.
+pub(super) type JobStack =
+    BoxCloneSyncService<Request<Full<Bytes>>, Response<ResponseBody>, Infallible>;
+
 /// One configuration generation: its state and the stacks built from it.
 pub struct Generation {
     /// The shared state of this generation.
     pub state: State,
     /// The main listener's stack, then the operations listener's (indexed by `ops as usize`).
     stacks: [HttpStack; 2],
+    /// With `[jobs]`: the stack the jobs runner sends jobs through.
+    jobs: Option<JobStack>,
 }
 
 impl Generation {
@@ -64,8 +75,17 @@ impl Generation {
                 BoxCloneSyncService::new(stack::<Timed>(&state)),
                 BoxCloneSyncService::new(ops::stack::<Timed>(&state)),
             ],
+            jobs: state
+                .jobs
+                .is_some()
+                .then(|| BoxCloneSyncService::new(stack::<Full<Bytes>>(&state))),
             state,
         }
+    }
+
+    /// The stack jobs are sent through (`None` without `[jobs]`).
+    pub(super) fn jobs(&self) -> Option<&JobStack> {
+        self.jobs.as_ref()
     }
 }
 

@@ -12,6 +12,7 @@
 mod connection;
 pub mod connections;
 pub mod diff;
+mod jobs;
 pub mod live;
 pub mod ops;
 mod reload;

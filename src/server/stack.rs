@@ -38,6 +38,8 @@ where
     B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
+    #[cfg(test)]
+    BUILT.with(|n| n.set(n.get() + 1));
     let tenant_header: Option<HeaderName> = state.tenants.tenant_header().cloned();
     let on_main = state.config.admin.listen.is_none();
     let upstreams: Arc<[Arc<Upstream>]> = state.upstreams.iter().cloned().collect();
@@ -134,4 +136,16 @@ impl crate::jobs::rate::Requests for JobRequests {
             }
         })
     }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Stacks built on this thread (tests: `server::jobs` checks a job builds none).
+    static BUILT: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// How many stacks were built on this thread.
+#[cfg(test)]
+pub(super) fn built_here() -> usize {
+    BUILT.with(std::cell::Cell::get)
 }

@@ -15,7 +15,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::{
-    connections, live, ops, stack, tenants, tls, workers, Changes, Env, Live, ReloadError, State,
+    connections, live, ops, tenants, tls, workers, Changes, Env, Live, ReloadError, State,
 };
 use crate::admission::Admission;
 use crate::config::{Config, ConfigError};
@@ -188,7 +188,10 @@ async fn start_on(
         ..connection_limits(&state, live.clone(), listeners.len())
     };
     let (stop, stopped) = watch::channel(false);
-    let done = workers::spawn(listeners, &conns, &stopped)?;
+    let workers::Spawned {
+        done,
+        jobs: to_workers,
+    } = workers::spawn(listeners, &conns, &stopped)?;
     if let (Some(cluster), Some(claim)) = (&state.cluster, claim) {
         cluster.spawn(claim, stop.subscribe());
     }
@@ -200,7 +203,7 @@ async fn start_on(
     if let Some(jobs) = state.jobs.clone() {
         tokio::spawn(crate::jobs::runner::run(
             jobs,
-            dispatch(live.clone()),
+            super::jobs::dispatch(live.clone(), to_workers),
             stop.subscribe(),
         ));
     }
@@ -252,21 +255,6 @@ async fn start_on(
         live,
         stop,
         join,
-    })
-}
-
-/// How the jobs runner re-enters the stack: through the generation in force, as a request
-/// read from no socket (its `context::JobRun` identifies it).
-fn dispatch(live: Arc<Live>) -> crate::jobs::Dispatch {
-    use tower::ServiceExt;
-    Arc::new(move |req| {
-        let state = live.current().state.clone();
-        Box::pin(async move {
-            match stack(&state).oneshot(req).await {
-                Ok(res) => res,
-                Err(never) => match never {},
-            }
-        })
     })
 }
 

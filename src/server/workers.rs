@@ -7,7 +7,9 @@
 //!   its own lane ([`crate::worker::current`] indexes [`crate::upstream::Upstream`]'s clients), so connection
 //!   tasks, timers and the request future share one runtime. Shared state (tenants, fair queues,
 //!   admission, metrics) is `Send + Sync` and crosses workers freely; a fair-queue grant made on
-//!   another worker wakes the waiter through its runtime's remote queue.
+//!   another worker wakes the waiter through its runtime's remote queue. The jobs runner's
+//!   requests are handed to the workers in turn ([`Job`], `server::jobs`), so they too run on
+//!   the runtime of the lane they use; they are drained and aborted with the connections.
 //! - `serve` binds one `SO_REUSEPORT` socket per worker (the kernel spreads connections);
 //!   an already bound listener (tests, embedding) is shared by duplicating its descriptor.
 //! - On stop every worker stops accepting, drains its connections for at most the grace period,
@@ -24,7 +26,7 @@ use std::time::Duration;
 use hyper_util::rt::TokioExecutor;
 use hyper_util::server::conn::auto;
 use tokio::net::{TcpListener, TcpSocket};
-use tokio::sync::{oneshot, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
@@ -102,13 +104,26 @@ pub struct Conns {
     pub keepalive: Duration,
 }
 
-/// Starts one worker thread per listener; each answers on its receiver when it has stopped.
+/// Work handed to a connection worker to run on its runtime (the jobs runner's requests,
+/// `server::jobs`): spawned beside its connections, drained and aborted with them on stop.
+pub type Job = crate::stage::BoxFuture<()>;
+
+/// The workers started by [`spawn`].
+pub struct Spawned {
+    /// One receiver per worker, answered when it has stopped.
+    pub done: Vec<oneshot::Receiver<()>>,
+    /// Where to hand each worker a [`Job`] (by index: what [`crate::worker::current`] reads
+    /// there); closed once the worker stops accepting.
+    pub jobs: Vec<mpsc::UnboundedSender<Job>>,
+}
+
+/// Starts one worker thread per listener.
 /// Runtimes are built before any thread starts, so a failure leaves nothing running.
 pub fn spawn(
     listeners: Vec<std::net::TcpListener>,
     conns: &Conns,
     stop: &watch::Receiver<bool>,
-) -> std::io::Result<Vec<oneshot::Receiver<()>>> {
+) -> std::io::Result<Spawned> {
     let runtimes = listeners
         .iter()
         .map(|_| {
@@ -123,8 +138,11 @@ pub fn spawn(
     let dispatch = tracing::dispatcher::get_default(|d| d.clone());
     let dispatch = (!dispatch.is::<tracing::subscriber::NoSubscriber>()).then_some(dispatch);
     let mut done = Vec::with_capacity(runtimes.len());
+    let mut senders = Vec::with_capacity(runtimes.len());
     for (index, (rt, listener)) in runtimes.into_iter().zip(listeners).enumerate() {
         let (tx, rx) = oneshot::channel();
+        let (job_tx, jobs) = mpsc::unbounded_channel();
+        senders.push(job_tx);
         let (conns, stop, dispatch) = (conns.clone(), stop.clone(), dispatch.clone());
         std::thread::Builder::new()
             .name(format!("fairgate-w{index}"))
@@ -133,7 +151,7 @@ pub fn spawn(
                 let _log = dispatch.as_ref().map(tracing::dispatcher::set_default);
                 rt.block_on(async move {
                     match TcpListener::from_std(listener) {
-                        Ok(l) => accept_loop(index, l, conns, stop).await,
+                        Ok(l) => accept_loop(index, l, conns, jobs, stop).await,
                         Err(e) => tracing::error!(worker = index, error = %e, "listener unusable"),
                     }
                 });
@@ -144,7 +162,10 @@ pub fn spawn(
             })?;
         done.push(rx);
     }
-    Ok(done)
+    Ok(Spawned {
+        done,
+        jobs: senders,
+    })
 }
 
 /// Keeps one timer at most [`TICK`] away pending on this worker's runtime, for ever (aborted
@@ -168,14 +189,15 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(20);
 /// Idle connections shed per `accept` that failed for lack of descriptors.
 const SHED_ON_EXHAUSTION: usize = 16;
 
-/// Accepts and serves connections until `stop` turns true (or its sender is dropped), then
-/// drains for at most `conns.grace`. A connection over a cap is closed as soon as accepted
+/// Accepts and serves connections, and runs the [`Job`]s handed to it, until `stop` turns true
+/// (or its sender is dropped), then drains both for at most `conns.grace`. A connection over a cap is closed as soon as accepted
 /// (see [`super::connections`]); when `accept` fails for lack of descriptors the loop sheds
 /// the oldest idle connections, pauses, and logs the failures once per interval.
 async fn accept_loop(
     worker: usize,
     listener: TcpListener,
     conns: Conns,
+    mut jobs: mpsc::UnboundedReceiver<Job>,
     mut stop: watch::Receiver<bool>,
 ) {
     let mut tasks = JoinSet::new();
@@ -186,6 +208,9 @@ async fn accept_loop(
             biased;
             _ = async { let _ = stop.wait_for(|s| *s).await; } => break,
             Some(_) = tasks.join_next() => {}
+            Some(job) = jobs.recv() => {
+                tasks.spawn(job);
+            }
             accepted = listener.accept() => {
                 let (stream, peer) = match accepted {
                     Ok(a) => a,
@@ -263,6 +288,8 @@ async fn accept_loop(
     }
     conns.ready.store(false, Ordering::Release);
     drop(listener);
+    // No job is taken any more (the runner gets it back); those running drain as connections.
+    drop(jobs);
     tracing::info!(worker, connections = tasks.len(), "shutting down: draining");
     // Every connection saw `stop` and is closing gracefully; wait for them, within the grace.
     let drained = async { while tasks.join_next().await.is_some() {} };
