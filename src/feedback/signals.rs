@@ -45,21 +45,34 @@ pub fn classify(status: StatusCode, headers: &HeaderMap, model: &str) -> Signal 
 }
 
 /// Whether a per-model limit header for `model` says it is spent (the header suffix is the
-/// model name lowercased, every character but `a-z0-9.-` written `-`).
+/// model name lowercased, every character but `a-z0-9.-` written `-`). Read on every answer:
+/// one pass over the headers, nothing allocated.
 fn model_spent(h: &HeaderMap, model: &str) -> bool {
-    let slug: String = model
-        .chars()
-        .map(|c| match c.to_ascii_lowercase() {
-            c @ ('a'..='z' | '0'..='9' | '.' | '-') => c,
-            _ => '-',
-        })
-        .collect();
-    ["requests", "tokens"].iter().any(|kind| {
-        let name = format!("x-ratelimit-remaining-{kind}-{slug}");
-        h.get(name.as_str())
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.trim() == "0")
+    h.iter().any(|(name, v)| {
+        let Some(rest) = name.as_str().strip_prefix("x-ratelimit-remaining-") else {
+            return false;
+        };
+        let Some(slug) = rest
+            .strip_prefix("requests-")
+            .or_else(|| rest.strip_prefix("tokens-"))
+        else {
+            return false;
+        };
+        is_slug_of(slug, model) && v.to_str().is_ok_and(|v| v.trim() == "0")
     })
+}
+
+/// Whether `slug` is `model` written as a header suffix: one byte per character of `model`,
+/// lowercased, every character but `a-z0-9.-` written `-`.
+fn is_slug_of(slug: &str, model: &str) -> bool {
+    let mut slug = slug.bytes();
+    model.chars().all(|c| {
+        let want = match c.to_ascii_lowercase() {
+            c @ ('a'..='z' | '0'..='9' | '.' | '-') => c as u8,
+            _ => b'-',
+        };
+        slug.next() == Some(want)
+    }) && slug.next().is_none()
 }
 
 const RETRY_AFTER_MS: HeaderName = HeaderName::from_static("retry-after-ms");
@@ -150,6 +163,40 @@ mod tests {
     use super::*;
 
     use super::header_map as headers;
+
+    #[test]
+    fn a_model_limit_header_names_the_model_as_a_slug() {
+        let h = |name: &'static str, v: &'static str| headers(&[(name, v)]);
+        let spent = |hm: &HeaderMap, model| model_spent(hm, model);
+        let hm = h("x-ratelimit-remaining-tokens-org-model_1", "0");
+        assert!(!spent(&hm, "Org/Model_1"), "`_` is written `-`");
+        let hm = h("x-ratelimit-remaining-tokens-org-model-1", " 0 ");
+        assert!(spent(&hm, "Org/Model_1"));
+        assert!(!spent(&hm, "Org/Model_12"));
+        assert!(!spent(&hm, "Org/Model"));
+        assert!(spent(
+            &h("x-ratelimit-remaining-requests-gpt-4o", "0"),
+            "gpt-4o"
+        ));
+        assert!(!spent(
+            &h("x-ratelimit-remaining-requests-gpt-4o", "3"),
+            "gpt-4o"
+        ));
+        assert!(!spent(&h("x-ratelimit-remaining-requests", "0"), "gpt-4o"));
+        assert!(!spent(
+            &h("x-ratelimit-remaining-bytes-gpt-4o", "0"),
+            "gpt-4o"
+        ));
+        // Each character is one byte of the slug, whatever its UTF-8 length.
+        assert!(spent(
+            &h("x-ratelimit-remaining-tokens-m-del", "0"),
+            "mödel"
+        ));
+        assert!(!spent(
+            &h("x-ratelimit-remaining-tokens-m--del", "0"),
+            "mödel"
+        ));
+    }
 
     #[test]
     fn waits_are_parsed_in_order_of_precision() {
