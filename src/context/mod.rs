@@ -191,8 +191,7 @@ impl Ctx {
                 from_client: true,
             },
             None => RequestId {
-                value: http::HeaderValue::try_from(format!("fg-{:032x}", rand::random::<u128>()))
-                    .expect("hex is a valid header value"),
+                value: generated_id(rand::random::<u128>()),
                 from_client: false,
             },
         };
@@ -218,6 +217,18 @@ impl Ctx {
             response: OnceLock::new(),
         }))
     }
+}
+
+/// `fg-` and `n` in 32 lowercase hex digits (a request id of fairgate's own), written without
+/// the formatting machinery: one per request.
+fn generated_id(n: u128) -> http::HeaderValue {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut out = [0u8; 35];
+    out[..3].copy_from_slice(b"fg-");
+    for (i, b) in out[3..].iter_mut().enumerate() {
+        *b = HEX[(n >> (124 - 4 * i) & 0xf) as usize];
+    }
+    http::HeaderValue::from_bytes(&out).expect("hex is a valid header value")
 }
 
 impl Default for Ctx {
@@ -462,6 +473,13 @@ mod tests {
         assert!(replaced.request_id().to_str().unwrap().starts_with("fg-"));
         let spaced = Ctx::with_request_id(Some(&http::HeaderValue::from_static("a b")));
         assert!(spaced.request_id().to_str().unwrap().starts_with("fg-"));
+    }
+
+    #[test]
+    fn a_generated_id_is_the_number_in_32_hex_digits() {
+        for n in [0u128, 1, 0xdead_beef, u128::MAX, rand::random()] {
+            assert_eq!(generated_id(n), format!("fg-{n:032x}").as_str());
+        }
     }
 
     #[test]
