@@ -82,7 +82,7 @@ pub struct LogConfig {
 }
 
 /// `[admin]`: the admin API (`GET /admin/tenants`), off unless a token is configured.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AdminConfig {
     /// A separate listener for `/metrics` and the admin API. Unset: both are on the main
@@ -90,4 +90,17 @@ pub struct AdminConfig {
     pub listen: Option<std::net::SocketAddr>,
     /// Env var holding the bearer token of the admin API. Unset key: the admin API is off (404).
     pub token_env: Option<String>,
+    /// Admin writes of tenants and keys waiting at once for the control plane's low-priority
+    /// thread; one more is refused (503 `admin_writes_busy`, `Retry-After`). Default 256.
+    pub max_queued_writes: usize,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        Self {
+            listen: None,
+            token_env: None,
+            max_queued_writes: 256,
+        }
+    }
 }

@@ -154,6 +154,9 @@ pub fn validate(c: &Config) -> Result<(), ConfigError> {
             ));
         }
     }
+    if c.admin.max_queued_writes == 0 {
+        return Err(invalid("admin.max_queued_writes", "must be > 0"));
+    }
     if matches!(c.server.workers, Some(n) if n == 0 || n > 256) {
         return Err(invalid("server.workers", "must be between 1 and 256"));
     }

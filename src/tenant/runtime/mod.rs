@@ -20,7 +20,14 @@
 //! written here, or when the change is read from Redis (`[cluster] sync_interval_ms`); no write
 //! makes a revoked key live again (see [`record`]); a store that cannot be reached refuses the
 //! change (503) and the index keeps serving what it last knew.
+//!
+//! Writes do not compete with requests: at most `[admin] max_queued_writes` wait at once (one
+//! more: [`Error::Busy`], 503 with a `Retry-After`), and SQLite's transactions run one at a time
+//! on the control plane's thread at `SCHED_IDLE` ([`control`]). That thread takes no lock the
+//! request path takes; the caller (a connection worker) applies the change to the index and
+//! logs it, so a revocation's answer is sent once this replica refuses the key.
 
+pub mod control;
 pub mod record;
 pub mod redis;
 pub mod sqlite;
@@ -67,6 +74,9 @@ pub enum Error {
     /// The store did not take the change.
     #[error("the tenant store is unavailable, nothing was changed: {0}")]
     Unavailable(String),
+    /// `[admin] max_queued_writes` admin writes are waiting already.
+    #[error("too many admin writes are waiting ([admin] max_queued_writes); nothing was changed: retry after {}", crate::error::secs(.0 .0))]
+    Busy(control::Busy),
 }
 
 impl ApiError for Error {
@@ -75,12 +85,12 @@ impl ApiError for Error {
             Error::ConfigTenant(_) | Error::Exists(_) => StatusCode::CONFLICT,
             Error::NoTenant(_) | Error::NoKey(_) => StatusCode::NOT_FOUND,
             Error::Invalid { .. } => StatusCode::BAD_REQUEST,
-            Error::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Error::Unavailable(_) | Error::Busy(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
     fn kind(&self) -> &'static str {
         match self {
-            Error::Unavailable(_) => "server_error",
+            Error::Unavailable(_) | Error::Busy(_) => "server_error",
             _ => "invalid_request_error",
         }
     }
@@ -92,6 +102,13 @@ impl ApiError for Error {
             Error::NoKey(_) => "key_not_found",
             Error::Invalid { .. } => "invalid_tenant",
             Error::Unavailable(_) => "store_unavailable",
+            Error::Busy(_) => "admin_writes_busy",
+        }
+    }
+    fn retry_after(&self) -> Option<std::time::Duration> {
+        match self {
+            Error::Busy(b) => Some(b.0),
+            _ => None,
         }
     }
     fn param(&self) -> Option<&str> {
@@ -241,6 +258,8 @@ pub struct Registry {
     /// The last sync read a full batch: more changes wait.
     more: std::sync::atomic::AtomicBool,
     counters: Counters,
+    /// The control plane's thread (the store's writes) and the bound on the writes waiting.
+    control: control::Control,
 }
 
 impl std::fmt::Debug for Registry {
@@ -254,7 +273,12 @@ impl std::fmt::Debug for Registry {
 impl Registry {
     /// The registry over `store`, loaded with what it holds (SQLite: read now; Redis: read by
     /// the first [`Registry::sync`], which the server awaits before serving).
-    pub fn new(store: Store, counters: Counters) -> Result<Arc<Self>, StoreError> {
+    /// At most `max_queued_writes` writes wait at once (more: [`Error::Busy`]).
+    pub fn new(
+        store: Store,
+        counters: Counters,
+        max_queued_writes: usize,
+    ) -> Result<Arc<Self>, StoreError> {
         let loaded = store.load_now()?;
         let mut index = Index::default();
         for (version, change) in loaded {
@@ -267,7 +291,13 @@ impl Registry {
             synced: AtomicU64::new(0),
             more: Default::default(),
             counters,
+            control: control::Control::new(max_queued_writes),
         }))
+    }
+
+    /// A slot for one write (held until it is done), or [`Error::Busy`].
+    fn admit(&self) -> Result<control::Slot, Error> {
+        self.control.admit().map_err(Error::Busy)
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, Index> {
@@ -457,6 +487,7 @@ impl Registry {
             return Err(Error::ConfigTenant(id));
         }
         self.validate(&id, &spec)?;
+        let _slot = self.admit()?;
         let at = now();
         let t = TenantRecord {
             id,
@@ -465,7 +496,8 @@ impl Registry {
             updated_at: at,
             deleted: false,
         };
-        let v = (self.store.put_tenant(&t, true).await).map_err(|e| e.into_api(&t.id))?;
+        let v = (self.store.put_tenant(&self.control, &t, true).await)
+            .map_err(|e| e.into_api(&t.id))?;
         tracing::info!(tenant = %t.id, op = "create_tenant", "tenant change");
         self.applied(Some(Op::CreateTenant), vec![(v, Change::Tenant(t.clone()))]);
         Ok(t)
@@ -491,8 +523,10 @@ impl Registry {
             };
         }
         self.validate(id, &t.spec)?;
+        let _slot = self.admit()?;
         t.updated_at = now();
-        let v = (self.store.put_tenant(&t, false).await).map_err(|e| e.into_api(id))?;
+        let v =
+            (self.store.put_tenant(&self.control, &t, false).await).map_err(|e| e.into_api(id))?;
         tracing::info!(tenant = %id, op = "update_tenant", "tenant change");
         self.applied(Some(Op::UpdateTenant), vec![(v, Change::Tenant(t.clone()))]);
         Ok(t)
@@ -506,9 +540,14 @@ impl Registry {
         let mut t = self
             .tenant(id)
             .ok_or_else(|| Error::NoTenant(id.to_owned()))?;
+        let _slot = self.admit()?;
         t.deleted = true;
         t.updated_at = now();
-        let v = (self.store.delete_tenant(id, t.updated_at).await).map_err(|e| e.into_api(id))?;
+        let v = (self
+            .store
+            .delete_tenant(&self.control, id, t.updated_at)
+            .await)
+            .map_err(|e| e.into_api(id))?;
         tracing::info!(tenant = %id, op = "delete_tenant", "tenant change");
         self.applied(Some(Op::DeleteTenant), vec![(v, Change::Tenant(t))]);
         Ok(())
@@ -532,8 +571,10 @@ impl Registry {
         expires_at: Option<u64>,
     ) -> Result<(KeyRecord, String), Error> {
         self.api_tenant(tenant)?;
+        let _slot = self.admit()?;
         let (k, key) = record::new_key(tenant, label, expires_at);
-        let v = (self.store.put_key(&k, true).await).map_err(|e| e.into_api(tenant))?;
+        let v =
+            (self.store.put_key(&self.control, &k, true).await).map_err(|e| e.into_api(tenant))?;
         tracing::info!(tenant, key_id = %k.id, op = "create_key", "tenant change");
         self.applied(Some(Op::CreateKey), vec![(v, Change::Key(k.clone()))]);
         Ok((k, key))
@@ -550,13 +591,15 @@ impl Registry {
     ) -> Result<(KeyRecord, String, KeyRecord), Error> {
         self.api_tenant(tenant)?;
         let mut old = self.live_key(tenant, key_id)?;
+        let _slot = self.admit()?;
         let label = label.or_else(|| old.label.clone());
         let (k, key) = record::new_key(tenant, label, old.expires_at);
-        let v = (self.store.put_key(&k, true).await).map_err(|e| e.into_api(tenant))?;
+        let v =
+            (self.store.put_key(&self.control, &k, true).await).map_err(|e| e.into_api(tenant))?;
         let mut changes = vec![(v, Change::Key(k.clone()))];
         let until = now().saturating_add(overlap_secs);
         old.expires_at = Some(old.expires_at.map_or(until, |e| e.min(until)));
-        let result = self.store.put_key(&old, false).await;
+        let result = self.store.put_key(&self.control, &old, false).await;
         if let Ok(v) = result {
             changes.push((v, Change::Key(old.clone())));
         }
@@ -570,8 +613,9 @@ impl Registry {
     pub async fn revoke_key(&self, tenant: &str, key_id: &str) -> Result<(), Error> {
         self.api_tenant(tenant)?;
         let mut k = self.live_key(tenant, key_id)?;
+        let _slot = self.admit()?;
         k.revoked_at = Some(now());
-        let v = (self.store.put_key(&k, false).await).map_err(|e| match e {
+        let v = (self.store.put_key(&self.control, &k, false).await).map_err(|e| match e {
             StoreError::Missing => Error::NoKey(key_id.to_owned()),
             e => e.into_api(tenant),
         })?;
@@ -665,7 +709,7 @@ pub fn open(
         (None, None) => return Ok(None),
     };
     let path = config.store.clone();
-    Registry::new(store, counters)
+    Registry::new(store, counters, config.admin.max_queued_writes)
         .map(Some)
         .map_err(|e| match path {
             Some(s) => opening(&s, e),

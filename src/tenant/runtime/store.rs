@@ -1,9 +1,11 @@
 //! The runtime tenants' store: one [`Store`] with two backends, SQLite (one replica) and Redis
 //! (`[cluster]`). Every write is conditional (see [`super::sqlite`], [`super::redis`]) and
-//! answers the version it was written at.
+//! answers the version it was written at. SQLite's writes run on the control plane's thread
+//! ([`Control`]); Redis's are I/O (the work is Redis's), awaited by the caller.
 
 use std::sync::Arc;
 
+use super::control::Control;
 use super::record::{KeyRecord, TenantRecord, Versioned};
 use super::redis::RedisStore;
 use super::sqlite::Sqlite;
@@ -48,12 +50,15 @@ pub enum Store {
     Redis(RedisStore),
 }
 
+/// An SQLite write, on the control plane's thread (see [`super::control`]).
 async fn blocking<T: Send + 'static>(
+    control: &Control,
     s: &Arc<Sqlite>,
     f: impl FnOnce(&Sqlite) -> Result<T, StoreError> + Send + 'static,
 ) -> Result<T, StoreError> {
     let s = s.clone();
-    tokio::task::spawn_blocking(move || f(&s))
+    control
+        .run(move || f(&s))
         .await
         .unwrap_or(Err(StoreError::Task))
 }
@@ -69,33 +74,48 @@ impl Store {
     }
 
     /// Writes a tenant (`create`: it must not be live; else it must be).
-    pub async fn put_tenant(&self, t: &TenantRecord, create: bool) -> Result<u64, StoreError> {
+    pub async fn put_tenant(
+        &self,
+        control: &Control,
+        t: &TenantRecord,
+        create: bool,
+    ) -> Result<u64, StoreError> {
         match self {
             Store::Sqlite(s) => {
                 let t = t.clone();
-                blocking(s, move |s| s.put_tenant(&t, create)).await
+                blocking(control, s, move |s| s.put_tenant(&t, create)).await
             }
             Store::Redis(r) => r.put_tenant(t, create).await,
         }
     }
 
     /// Deletes the live tenant `id` (a tombstone) and revokes its keys.
-    pub async fn delete_tenant(&self, id: &str, at: u64) -> Result<u64, StoreError> {
+    pub async fn delete_tenant(
+        &self,
+        control: &Control,
+        id: &str,
+        at: u64,
+    ) -> Result<u64, StoreError> {
         match self {
             Store::Sqlite(s) => {
                 let id = id.to_owned();
-                blocking(s, move |s| s.delete_tenant(&id, at)).await
+                blocking(control, s, move |s| s.delete_tenant(&id, at)).await
             }
             Store::Redis(r) => r.delete_tenant(id, at).await,
         }
     }
 
     /// Writes a key (`create`: new, of a live tenant; else it must be live).
-    pub async fn put_key(&self, k: &KeyRecord, create: bool) -> Result<u64, StoreError> {
+    pub async fn put_key(
+        &self,
+        control: &Control,
+        k: &KeyRecord,
+        create: bool,
+    ) -> Result<u64, StoreError> {
         match self {
             Store::Sqlite(s) => {
                 let k = k.clone();
-                blocking(s, move |s| s.put_key(&k, create)).await
+                blocking(control, s, move |s| s.put_key(&k, create)).await
             }
             Store::Redis(r) => r.put_key(k, create).await,
         }

@@ -20,6 +20,7 @@ fn open(path: &std::path::Path) -> Arc<Registry> {
     let r = Registry::new(
         Store::Sqlite(Arc::new(Sqlite::open(path).unwrap())),
         Counters::default(),
+        super::control::DEFAULT_MAX_QUEUED_WRITES,
     )
     .unwrap();
     r.merge(Config::from_toml_str(FILE).unwrap());
@@ -227,4 +228,42 @@ fn writes_beside_another_writer_of_the_file_wait_instead_of_failing() {
         failed.len(),
         failed.first()
     );
+}
+
+/// Admin writes are bounded (`[admin] max_queued_writes`): one more than the bound is refused
+/// at once, 503 `admin_writes_busy` with a `Retry-After`, and changes nothing; a write done
+/// frees its place.
+#[tokio::test]
+async fn a_write_past_the_queue_bound_is_refused_with_a_retry_after() {
+    let path = temp();
+    let r = Registry::new(
+        Store::Sqlite(Arc::new(Sqlite::open(&path).unwrap())),
+        Counters::default(),
+        1,
+    )
+    .unwrap();
+    r.merge(Config::from_toml_str(FILE).unwrap());
+    r.create_tenant("acme".into(), Map::new()).await.unwrap();
+    let held = r.control.admit().unwrap();
+    let e = r
+        .create_key("acme", None, None)
+        .await
+        .map(drop)
+        .unwrap_err();
+    assert!(matches!(e, Error::Busy(_)), "{e}");
+    let e = crate::error::Error::from(e);
+    assert_eq!(e.status(), http::StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(e.api().code(), "admin_writes_busy");
+    let headers = e.all_headers();
+    let retry = headers.iter().find(|(k, _)| k == http::header::RETRY_AFTER);
+    assert_eq!(retry.map(|(_, v)| v.to_str().unwrap()), Some("1"));
+    assert!(matches!(
+        r.create_tenant("other".into(), Map::new()).await,
+        Err(Error::Busy(_))
+    ));
+    assert!(r.tenant("other").is_none() && r.keys_of("acme").is_empty());
+    drop(held);
+    r.create_key("acme", None, None).await.unwrap();
+    assert_eq!(r.keys_of("acme").len(), 1);
+    let _ = std::fs::remove_file(&path);
 }
