@@ -289,3 +289,69 @@ async fn without_a_store_writes_are_refused() {
     .await;
     r.assert_error(409, "no_store");
 }
+
+/// A burst of key creations beside requests. Admin writes wait for the control plane's
+/// low-priority thread, at most `[admin] max_queued_writes` (here 4) at once. With the store's
+/// file held locked by another connection, the writes stall on that thread: 4 of 20
+/// concurrent creations wait, the 16 others are refused at once (503 `admin_writes_busy`, an
+/// honest `Retry-After`, nothing changed), and requests, of config and API keys alike, are
+/// answered meanwhile. Unlocked, the 4 are created; a key revoked is refused (401) from its 204
+/// on, on this replica.
+#[tokio::test]
+async fn a_key_burst_waits_in_a_bounded_queue_while_requests_are_answered() {
+    let (mock, store, var) = (mock().await, temp_store(), unique_env("RT"));
+    let c = conf(&mock.base_url(), &store, &var).set("admin.max_queued_writes", 4);
+    let proxy = c.start_with_env(&[(&var, TOKEN)]).await;
+    let addr = proxy.addr;
+    let r = admin(addr, Method::POST, "/admin/tenants", json!({"id": "acme"})).await;
+    assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
+    let (first_id, first) = new_key(addr, "acme").await;
+
+    let lock = rusqlite::Connection::open(&store).unwrap();
+    lock.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let (tx, mut answers) = tokio::sync::mpsc::unbounded_channel();
+    for _ in 0..20 {
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            let r = admin(addr, Method::POST, "/admin/tenants/acme/keys", json!({})).await;
+            let _ = tx.send(r);
+        });
+    }
+    drop(tx);
+    for _ in 0..16 {
+        let r = answers.recv().await.unwrap();
+        r.assert_error(503, "admin_writes_busy");
+        let retry: u64 = r.headers["retry-after"].to_str().unwrap().parse().unwrap();
+        assert!(retry >= 1);
+        assert!(r.headers.contains_key("retry-after-ms"));
+    }
+    // The control plane is stuck; the data plane is not.
+    for _ in 0..5 {
+        assert_eq!(chat_status(addr, KEY_A).await, 200);
+        assert_eq!(chat_status(addr, &first).await, 200);
+    }
+    lock.execute_batch("ROLLBACK").unwrap();
+    let mut created = Vec::new();
+    while let Some(r) = answers.recv().await {
+        assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
+        created.push(r.json()["key"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(created.len(), 4, "the queue's bound waited, no more");
+    for key in &created {
+        assert_eq!(chat_status(addr, key).await, 200);
+    }
+    let m = scrape(addr).await;
+    assert_eq!(
+        value(&m, "fairgate_tenant_changes_total", &[("op", "create_key")]),
+        Some(5.0),
+        "a refused creation changed nothing"
+    );
+    // A revocation answers once this replica refuses the key.
+    let path = format!("/admin/tenants/acme/keys/{first_id}");
+    let r = admin(addr, Method::DELETE, &path, Value::Null).await;
+    assert_eq!(r.status, 204);
+    assert_eq!(chat_status(addr, &first).await, 401);
+    proxy.shutdown();
+    proxy.join().await.unwrap();
+    let _ = std::fs::remove_file(&store);
+}
