@@ -13,6 +13,13 @@
 //! machine); `N`, `KEYS`, `CREATE` override 10000, 1000, 100. `PACE_MS`: each of the 4 clients
 //! waits that long before each request (default 0: back to back, which keeps the cores busy
 //! alone, so any other work shows as queueing; paced, the load leaves the cores room).
+//!
+//! The clients share the process with the proxy, but not an executor: the 4 request clients
+//! run on their own runtime (2 threads), the 8 key creators (the admin client, which would be
+//! another host's sign-up service) on theirs (1 thread), each with its own HTTP client and
+//! connections, all at normal priority; the mock upstream runs on the main runtime. On one
+//! shared runtime a request client's task also waited behind the creators' tasks, a cost of
+//! the harness, not of the proxy.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -92,7 +99,7 @@ async fn latencies(c: Http, addr: SocketAddr, stop: Arc<AtomicBool>) -> (f64, f6
             tokio::spawn(async move {
                 let mut v = Vec::new();
                 let pace = Duration::from_millis(env_num("PACE_MS", 0) as u64);
-                while !stop.load(Ordering::Relaxed) && v.len() < 20_000 {
+                while !stop.load(Ordering::Relaxed) && v.len() < 1_000_000 {
                     if !pace.is_zero() {
                         tokio::time::sleep(pace).await;
                     }
@@ -167,10 +174,15 @@ async fn main() {
         api_start.as_secs_f64() * 1000.0
     );
 
-    // 2. Request latency alone and during a burst of key creations.
+    // 2. Request latency alone and during a burst of key creations: the request clients and
+    // the admin client on runtimes of their own (see the module docs).
     let addr = h.addr;
+    let load_rt = runtime("load", 2);
+    let admin_rt = runtime("admin", 1);
+    let lc: Http = Client::builder(TokioExecutor::new()).build_http();
+    let ac: Http = Client::builder(TokioExecutor::new()).build_http();
     let stop = Arc::new(AtomicBool::new(false));
-    let run = tokio::spawn(latencies(c.clone(), addr, stop.clone()));
+    let run = load_rt.spawn(latencies(lc.clone(), addr, stop.clone()));
     tokio::time::sleep(Duration::from_secs(3)).await;
     stop.store(true, Ordering::Relaxed);
     let (p50, p99, count) = run.await.unwrap();
@@ -178,12 +190,12 @@ async fn main() {
     let alone = (p50, p99);
     let keys = env_num("KEYS", 1000);
     let stop = Arc::new(AtomicBool::new(false));
-    let run = tokio::spawn(latencies(c.clone(), addr, stop.clone()));
+    let run = load_rt.spawn(latencies(lc.clone(), addr, stop.clone()));
     let t0 = Instant::now();
     let creators: Vec<_> = (0..8)
         .map(|w| {
-            let c = c.clone();
-            tokio::spawn(async move {
+            let c = ac.clone();
+            admin_rt.spawn(async move {
                 for i in (w..keys).step_by(8) {
                     let path = format!("/admin/tenants/t{}/keys", i % n);
                     let (status, body) = call_body(&c, addr, &path, TOKEN, "{}").await;
@@ -206,7 +218,7 @@ async fn main() {
     );
     // Alone again, to show the noise between two runs without a burst.
     let stop = Arc::new(AtomicBool::new(false));
-    let again = tokio::spawn(latencies(c.clone(), addr, stop.clone()));
+    let again = load_rt.spawn(latencies(lc.clone(), addr, stop.clone()));
     tokio::time::sleep(Duration::from_secs(3)).await;
     stop.store(true, Ordering::Relaxed);
     let (a50, a99, acount) = again.await.unwrap();
@@ -235,4 +247,16 @@ async fn main() {
     h.shutdown();
     let _ = h.join().await;
     let _ = std::fs::remove_file(&path);
+    load_rt.shutdown_background();
+    admin_rt.shutdown_background();
+}
+
+/// A runtime of `threads` threads named `name`, for one kind of client.
+fn runtime(name: &str, threads: usize) -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .thread_name(name)
+        .enable_all()
+        .build()
+        .expect("runtime")
 }
