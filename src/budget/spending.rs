@@ -18,7 +18,7 @@ use super::error::Error;
 use super::ledger::{Batch, MemorySink, Pending, Query, Row, RowKey, Sink};
 use super::price::{Price, Prices, Used};
 use super::redis::Shared;
-use super::window::{date_of, day_string, window};
+use super::window::{date_of, day_string, window, Window};
 use crate::config::{BudgetConfig, Config};
 use crate::domain::{Charge, Period, TenantId, Usd, Zone};
 
@@ -55,6 +55,9 @@ pub struct Spending {
     clock: Clock,
     /// Soft thresholds passed, by (tenant, period, unit).
     warnings: Mutex<HashMap<(TenantId, Period, Unit), u64>>,
+    /// The ledger's `day` of the last commit and the window it holds for: every request's row
+    /// names its day, which is computed (a time-zone conversion and a format) once a day.
+    today: Mutex<Option<(Window, String)>>,
 }
 
 impl std::fmt::Debug for Spending {
@@ -95,7 +98,21 @@ impl Spending {
             flushing: tokio::sync::Mutex::new(()),
             clock,
             warnings: Mutex::default(),
+            today: Mutex::default(),
         })
+    }
+
+    /// The ledger's `day` of `now` (`YYYY-MM-DD` in the zone).
+    fn day(&self, now: i64) -> String {
+        let mut today = self.today.lock().unwrap_or_else(|p| p.into_inner());
+        match &*today {
+            Some((w, day)) if w.holds(now) => day.clone(),
+            _ => {
+                let day = day_string(date_of(&self.zone, now));
+                *today = Some((window(&self.zone, Period::Day, now), day.clone()));
+                day
+            }
+        }
     }
 
     /// The spending `config` asks for: counted in `[store] timezone` (UTC without `[store]`),
@@ -569,8 +586,8 @@ impl Reservation {
         }
         s.pending.add(
             RowKey {
-                tenant: self.tenant.to_string(),
-                day: day_string(date_of(&s.zone, now)),
+                tenant: self.tenant.as_str().to_owned(),
+                day: s.day(now),
                 model: std::mem::take(&mut self.model),
             },
             Row {
@@ -595,6 +612,36 @@ impl Drop for Reservation {
         }
         if let Some(f) = self.field.take() {
             self.spending.release(&self.tenant, f);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_ledger_day_is_the_zones_and_changes_at_its_midnight() {
+        let at = |s: &str| s.parse::<jiff::Timestamp>().unwrap().as_second();
+        let now = Arc::new(AtomicU64::new(at("2026-12-01T22:59:59Z") as u64));
+        let clock: Clock = {
+            let now = now.clone();
+            Arc::new(move || now.load(Ordering::Relaxed) as i64)
+        };
+        let berlin = Zone::parse("Europe/Berlin").unwrap();
+        let s = Spending::new(berlin, Arc::new(MemorySink::default()), clock);
+        // Berlin is UTC+1 in December: its 2 December starts at 23:00 UTC on the 1st.
+        for (t, day) in [
+            ("2026-12-01T22:59:59Z", "2026-12-01"),
+            ("2026-12-01T23:00:00Z", "2026-12-02"),
+            ("2026-12-02T12:00:00Z", "2026-12-02"),
+            ("2026-12-02T22:59:59Z", "2026-12-02"),
+            ("2026-12-02T23:00:00Z", "2026-12-03"),
+            // A clock set back: the day of the moment, not the last one cached.
+            ("2026-12-01T10:00:00Z", "2026-12-01"),
+        ] {
+            now.store(at(t) as u64, Ordering::Relaxed);
+            assert_eq!(s.day(s.now()), day, "at {t}");
         }
     }
 }
