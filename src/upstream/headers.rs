@@ -50,11 +50,14 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 /// Whether `name` carries a credential or selects a provider account (see the module docs).
 pub fn is_credential(name: &HeaderName) -> bool {
     let n = name.as_str();
-    n.contains("authorization")
-        || n.contains("api-key")
-        || n.contains("apikey")
-        || n.contains("api_key")
-        || n == "cookie"
+    // Asked of every header of every request: one pass for the four words, at each `a`.
+    let b = n.as_bytes();
+    memchr::memchr_iter(b'a', b).any(|i| {
+        let rest = &b[i..];
+        [&b"authorization"[..], b"api-key", b"apikey", b"api_key"]
+            .iter()
+            .any(|w| rest.starts_with(w))
+    }) || n == "cookie"
         || [
             "-organization",
             "-project",
@@ -117,6 +120,37 @@ pub fn bearer(key: &str) -> Option<HeaderValue> {
 mod tests {
     use super::*;
     use http::HeaderValue;
+
+    #[test]
+    fn credential_and_account_names_are_known_by_their_words() {
+        for n in [
+            "authorization",
+            "proxy-authorization",
+            "x-api-key",
+            "api-key",
+            "x-goog-apikey",
+            "openai_api_key",
+            "cookie",
+            "openai-organization",
+            "openai-project",
+            "x-stainless-organization-id",
+            "anthropic-project-id",
+        ] {
+            assert!(is_credential(&HeaderName::from_static(n)), "{n}");
+        }
+        for n in [
+            "content-type",
+            "accept",
+            "x-request-id",
+            "cookies-allowed",
+            "x-api",
+            "x-project-name",
+            "authorizer",
+            "apiary",
+        ] {
+            assert!(!is_credential(&HeaderName::from_static(n)), "{n}");
+        }
+    }
 
     #[test]
     fn strips_hop_by_hop_credentials_and_connection_named() {
