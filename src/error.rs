@@ -19,7 +19,7 @@ mod reason;
 pub use reason::{Limit, Reason};
 
 /// Response header saying whose limit refused a request: `tenant`, `queue` or `upstream`.
-pub const LIMIT_HEADER: &str = "x-fairgate-limit";
+pub const LIMIT_HEADER: http::HeaderName = http::HeaderName::from_static("x-fairgate-limit");
 
 /// How a stage's error presents itself to an OpenAI client, to metrics and to admission.
 pub trait ApiError: std::error::Error + Send + Sync + 'static {
@@ -281,7 +281,7 @@ mod tests {
             [
                 "retry-after",
                 RETRY_AFTER_MS,
-                LIMIT_HEADER,
+                LIMIT_HEADER.as_str(),
                 "x-ratelimit-limit-requests"
             ]
         );

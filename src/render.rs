@@ -21,7 +21,7 @@ use crate::error::Error;
 use crate::response::ResponseBody;
 
 /// Response header: milliseconds the request spent queued.
-pub const QUEUE_MS_HEADER: &str = "x-fairgate-queue-ms";
+pub const QUEUE_MS_HEADER: http::HeaderName = http::HeaderName::from_static("x-fairgate-queue-ms");
 
 /// Renders `e` in OpenAI's error shape `{"error":{"message","type","code","param"}}` with its
 /// status and headers.

@@ -22,7 +22,8 @@ use super::Error;
 use crate::queue::WaitInputs;
 
 /// Request header: the request's queue-wait budget in milliseconds, relative to arrival.
-pub const DEADLINE_HEADER: &str = "x-fairgate-deadline-ms";
+pub const DEADLINE_HEADER: http::HeaderName =
+    http::HeaderName::from_static("x-fairgate-deadline-ms");
 
 pub use crate::context::Deadline;
 

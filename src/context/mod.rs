@@ -158,7 +158,7 @@ struct RequestId {
 }
 
 /// Response and request header: the request id.
-pub const REQUEST_ID_HEADER: &str = "x-request-id";
+pub const REQUEST_ID_HEADER: http::HeaderName = http::HeaderName::from_static("x-request-id");
 
 /// Longest client request id kept (a longer or non-printable one is replaced).
 const MAX_REQUEST_ID: usize = 128;

@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::time::Instant;
 
 /// Request header of W3C Trace Context.
-pub const TRACEPARENT: &str = "traceparent";
+pub const TRACEPARENT: http::HeaderName = http::HeaderName::from_static("traceparent");
 
 /// Trace ids of one request. Written once, by `render`, when the context is created.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -45,10 +45,7 @@ impl Limit {
 
     /// The header, ready to insert.
     pub fn header(self) -> (HeaderName, HeaderValue) {
-        (
-            HeaderName::from_static(LIMIT_HEADER),
-            HeaderValue::from_static(self.as_str()),
-        )
+        (LIMIT_HEADER, HeaderValue::from_static(self.as_str()))
     }
 }
 

@@ -61,8 +61,9 @@ pub struct Prefer {
 impl Prefer {
     /// Parses every `Prefer` header (tokens case-insensitive, parameters ignored).
     pub fn of(headers: &http::HeaderMap) -> Self {
+        const PREFER: http::HeaderName = http::HeaderName::from_static("prefer");
         let mut p = Prefer::default();
-        for v in headers.get_all("prefer") {
+        for v in headers.get_all(PREFER) {
             let Ok(v) = v.to_str() else { continue };
             for pref in v.split(',') {
                 let token = pref.split(';').next().unwrap_or("").trim();

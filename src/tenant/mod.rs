@@ -24,7 +24,7 @@ mod service;
 pub use service::{Layer, Service};
 
 /// Request header choosing the class of one request: `interactive` or `batch`.
-pub const PRIORITY_HEADER: &str = "x-fairgate-priority";
+pub const PRIORITY_HEADER: http::HeaderName = http::HeaderName::from_static("x-fairgate-priority");
 
 pub use crate::context::{Identity, OwnKeys, ProviderKey, Tenant};
 pub use crate::domain::{digest, parse_digest};
@@ -340,7 +340,7 @@ mod tests {
         assert_eq!((n.tenant.id.as_str(), n.class), ("a", Class::Batch));
         let h = headers(&[
             ("authorization", "Bearer nightly"),
-            (PRIORITY_HEADER, "interactive"),
+            ("x-fairgate-priority", "interactive"),
         ]);
         assert_eq!(d.identify(&h, LOCAL).unwrap().class, Class::Interactive);
     }
@@ -361,9 +361,15 @@ mod tests {
     #[test]
     fn priority_header_overrides() {
         let d = dir("");
-        let h = headers(&[("authorization", "Bearer ka"), (PRIORITY_HEADER, "Batch")]);
+        let h = headers(&[
+            ("authorization", "Bearer ka"),
+            ("x-fairgate-priority", "Batch"),
+        ]);
         assert_eq!(d.identify(&h, LOCAL).unwrap().class, Class::Batch);
-        let h = headers(&[("authorization", "Bearer ka"), (PRIORITY_HEADER, "urgent")]);
+        let h = headers(&[
+            ("authorization", "Bearer ka"),
+            ("x-fairgate-priority", "urgent"),
+        ]);
         assert!(matches!(d.identify(&h, LOCAL), Err(Error::BadPriority)));
     }
 
