@@ -321,15 +321,23 @@ impl Registry {
     /// the file's tenant ids and settings for validation. An API tenant the file's settings no
     /// longer admit (a plan removed, say) is left out and logged.
     pub fn merge(&self, mut config: Config) -> Config {
-        let mut index = self.write();
-        index.file_ids = config.tenants.iter().map(|t| t.id.clone()).collect();
-        index.base = Some(Arc::new(Config {
+        let file_ids: HashSet<String> = config.tenants.iter().map(|t| t.id.clone()).collect();
+        let base = Arc::new(Config {
             tenants: Vec::new(),
             ..config.clone()
-        }));
+        });
+        // The index is locked only to take the file's ids and settings, then to copy the API
+        // tenants out: the merge's work (each tenant's entry, the validation of the whole) is
+        // done outside it, so a key looked up meanwhile never waits for that.
+        {
+            let mut index = self.write();
+            index.file_ids = file_ids.clone();
+            index.base = Some(base.clone());
+        }
+        let api: Vec<TenantRecord> = self.read().tenants.values().cloned().collect();
         let file = config.tenants.len();
-        for t in index.tenants.values() {
-            if index.file_ids.contains(&t.id) {
+        for t in &api {
+            if file_ids.contains(&t.id) {
                 tracing::warn!(tenant = %t.id, "API tenant hidden: the config file defines this id");
                 continue;
             }
@@ -342,7 +350,7 @@ impl Registry {
         // culprits (10,000 API tenants cost one pass, as 10,000 file tenants do).
         let mut check = config.clone();
         (check.tenants[file..].iter_mut().enumerate()).for_each(|(i, t)| with_key(t, i));
-        if let (Err(_), Some(base)) = (crate::config::validate(&check), index.base.clone()) {
+        if crate::config::validate(&check).is_err() {
             let api = config.tenants.split_off(file);
             for t in api {
                 match validate_against(&base, &t) {
