@@ -22,6 +22,10 @@ pub const MAX_LINE: usize = 1 << 20;
 
 const NULL_USAGE: &[u8] = b",\"usage\":null";
 
+/// The searcher for [`NULL_USAGE`], built once (building one costs more than a search of a line).
+static NULL_USAGE_FINDER: std::sync::LazyLock<memmem::Finder<'static>> =
+    std::sync::LazyLock::new(|| memmem::Finder::new(NULL_USAGE));
+
 /// The scanner; see the module docs.
 #[derive(Debug, Default)]
 pub struct Scanner {
@@ -214,7 +218,7 @@ fn edit(skip_blank: &mut bool, line: &[u8], keep: &mut dyn FnMut(&[u8]) -> bool)
             *skip_blank = true;
             return Edit::Drop;
         }
-        if let Some(i) = memmem::find(line, NULL_USAGE) {
+        if let Some(i) = NULL_USAGE_FINDER.find(line) {
             return Edit::Cut(i);
         }
     }
