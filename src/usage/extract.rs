@@ -132,8 +132,8 @@ pub struct Tally {
     /// The answer's id, model and finish reasons, read only when asked for (recorded requests).
     pub meta: Option<Box<super::meta::Collector>>,
     max_text: usize,
-    /// Reused to decode escaped text (no allocation per event).
-    scratch: String,
+    /// What the stream's events begin with (the skim walks on from there).
+    prefix: super::skim::Prefix,
 }
 
 impl Tally {
@@ -146,7 +146,7 @@ impl Tally {
             malformed: 0,
             meta: None,
             max_text,
-            scratch: String::new(),
+            prefix: Default::default(),
         }
     }
 
@@ -158,12 +158,23 @@ impl Tally {
             }
             return;
         }
-        let mut scratch = std::mem::take(&mut self.scratch);
-        scratch.clear();
-        if super::skim::unescape(raw, &mut scratch) {
-            self.push_text(&scratch);
+        // Decoded straight into the kept text (no copy, nothing allocated per event): pieces
+        // while they fit, the rest only counted, all of it taken back if the string is invalid.
+        let (start, extra) = (self.text.len(), self.extra_bytes);
+        let mut full = false;
+        let valid = super::skim::unescape_with(raw, &mut |s| {
+            if full {
+                self.extra_bytes = self.extra_bytes.saturating_add(s.len() as u64);
+            } else {
+                let before = self.text.len();
+                self.push_text(s);
+                full = self.text.len() - before < s.len();
+            }
+        });
+        if valid.is_none() {
+            self.text.truncate(start);
+            self.extra_bytes = extra;
         }
-        self.scratch = scratch;
     }
 
     fn push_text(&mut self, s: &str) {
@@ -204,8 +215,12 @@ impl Tally {
         if let Some(m) = &mut self.meta {
             m.see(json);
         }
-        let Some(found) = super::skim::skim(json, &mut |raw, escaped| self.push_raw(raw, escaped))
-        else {
+        let mut prefix = std::mem::take(&mut self.prefix);
+        let found = super::skim::skim_after(json, &mut prefix, &mut |raw, escaped| {
+            self.push_raw(raw, escaped)
+        });
+        self.prefix = prefix;
+        let Some(found) = found else {
             self.malformed += 1;
             return Seen::default();
         };
@@ -457,5 +472,16 @@ mod tests {
         let mut t = Tally::new(4);
         t.observe(br#"{"choices":[{"text":"abcdef"}]}"#);
         assert_eq!((t.text.as_str(), t.extra_bytes), ("abcd", 2));
+        // Escaped text: decoded into the kept text while it fits, cut at a character, the rest
+        // counted; an invalid string adds nothing.
+        let mut t = Tally::new(4);
+        t.observe(br#"{"choices":[{"text":"a\u00e9\"\u00e9z"}]}"#);
+        assert_eq!((t.text.as_str(), t.extra_bytes), ("a\u{e9}\"", 3));
+        let mut t = Tally::new(3);
+        t.observe(br#"{"choices":[{"text":"\u00e9\u00e9"}]}"#);
+        t.observe(br#"{"choices":[{"text":"x\u00e9\ud800"}]}"#);
+        assert_eq!((t.text.as_str(), t.extra_bytes), ("\u{e9}", 2));
+        t.observe(br#"{"choices":[{"text":"\n"}]}"#);
+        assert_eq!((t.text.as_str(), t.extra_bytes), ("\u{e9}\n", 2));
     }
 }

@@ -30,6 +30,7 @@
 
 pub mod decode;
 pub mod extract;
+mod flat;
 mod keys;
 pub mod meta;
 mod observe;

@@ -1,7 +1,8 @@
 //! A skim of one JSON document (an SSE event's data) for what accounting reads — its `usage`
 //! and its generated text — without parsing it: one pass that walks only the members on the
 //! paths of [`keys`](super::keys), skips every other value with `memchr` over its strings, and
-//! parses nothing but a `usage` object found on its path (with serde, exactly).
+//! parses nothing but a `usage` object found on its path (exactly as serde does: its flat form
+//! by [`flat`](super::flat), any other with serde).
 //!
 //! Invariants:
 //! - No allocation: text is handed to the caller as the raw bytes between its quotes (with
@@ -28,21 +29,52 @@ pub struct Skim {
 /// Skims `json`; `text(raw, escaped)` gets each generated text string (the bytes between its
 /// quotes, and whether they hold a `\` escape), in document order.
 pub fn skim(json: &[u8], text: &mut impl FnMut(&[u8], bool)) -> Option<Skim> {
+    skim_after(json, &mut Prefix::default(), text)
+}
+
+/// The bytes that the last events of a stream began with, up to the first member accounting
+/// reads (`{"id":…,"object":…,"created":…,"model":…,` in a chat stream): members the skim only
+/// skips. An event that begins with the same bytes is walked from there, since walking them
+/// again would find the same (nothing, and no fault).
+#[derive(Debug, Default)]
+pub struct Prefix(Vec<u8>);
+
+/// Longest prefix kept.
+const MAX_PREFIX: usize = 1024;
+
+/// [`skim`], for the next event of a stream whose earlier events left `prefix`.
+pub fn skim_after(
+    json: &[u8],
+    prefix: &mut Prefix,
+    text: &mut impl FnMut(&[u8], bool),
+) -> Option<Skim> {
     let mut w = Walk {
         b: json,
         i: 0,
         usage: [None; USAGE_SLOTS],
         choices: false,
+        first: None,
+        read: false,
         text,
     };
-    w.ws();
-    if w.peek()? != b'{' {
-        return None;
+    let known = !prefix.0.is_empty() && json.starts_with(&prefix.0);
+    if known {
+        w.i = prefix.0.len();
+        w.members(Role::Root)?;
+    } else {
+        w.ws();
+        if w.peek()? != b'{' {
+            return None;
+        }
+        w.object(Role::Root)?;
     }
-    w.object(Role::Root)?;
     w.ws();
     if w.i != json.len() {
         return None;
+    }
+    if let (false, Some(cut)) = (known, w.first.filter(|&c| c <= MAX_PREFIX)) {
+        prefix.0.clear();
+        prefix.0.extend_from_slice(&json[..cut]);
     }
     Some(Skim {
         usage: w.usage.into_iter().flatten().next(),
@@ -55,6 +87,11 @@ struct Walk<'a, 't, F> {
     i: usize,
     usage: [Option<Usage>; USAGE_SLOTS],
     choices: bool,
+    /// Where the first member of the outermost object that accounting reads begins (its key's
+    /// opening quote).
+    first: Option<usize>,
+    /// A member of the outermost object that accounting reads was met.
+    read: bool,
     text: &'t mut F,
 }
 
@@ -132,17 +169,13 @@ impl<F: FnMut(&[u8], bool)> Walk<'_, '_, F> {
                 let (s, e, escaped) = self.string()?;
                 (self.text)(&self.b[s..e], escaped);
             }
-            (Role::Usage(p), b'{') => {
-                let mut values =
-                    serde_json::Deserializer::from_slice(&self.b[self.i..]).into_iter::<Usage>();
-                match values.next() {
-                    Some(Ok(u)) => {
-                        self.usage[usize::from(p)] = Some(u);
-                        self.i += values.byte_offset();
-                    }
-                    _ => self.skip()?,
+            (Role::Usage(p), b'{') => match usage(&self.b[self.i..]) {
+                Ok((u, len)) => {
+                    self.usage[usize::from(p)] = Some(u);
+                    self.i += len;
                 }
-            }
+                Err(()) => self.skip()?,
+            },
             (r, b'{') if r.walked() => self.object(r)?,
             (r, b'[') if r.walked() => self.array(r)?,
             _ => self.skip()?,
@@ -157,6 +190,12 @@ impl<F: FnMut(&[u8], bool)> Walk<'_, '_, F> {
             self.i += 1;
             return Some(());
         }
+        self.members(role)
+    }
+
+    /// The members of an object in `role`, from the next one to its closing brace.
+    fn members(&mut self, role: Role) -> Option<()> {
+        let mut later = false;
         loop {
             self.ws();
             if self.peek()? != b'"' {
@@ -164,6 +203,11 @@ impl<F: FnMut(&[u8], bool)> Walk<'_, '_, F> {
             }
             let (s, e, _) = self.string()?;
             let child = role.member(&self.b[s..e]);
+            // Not the first member: a walk from `{` may also meet `}`.
+            if role == Role::Root && child != Role::Other && !self.read {
+                self.read = true;
+                self.first = later.then_some(s - 1);
+            }
             self.ws();
             if self.peek()? != b':' {
                 return None;
@@ -180,6 +224,7 @@ impl<F: FnMut(&[u8], bool)> Walk<'_, '_, F> {
                 }
                 _ => return None,
             }
+            later = true;
         }
     }
 
@@ -210,25 +255,40 @@ impl<F: FnMut(&[u8], bool)> Walk<'_, '_, F> {
     }
 }
 
+/// A usage object at the start of `b`, as serde reads it (its flat form without serde:
+/// [`flat`](super::flat)), and the bytes it took.
+fn usage(b: &[u8]) -> Result<(Usage, usize), ()> {
+    if let Some(read) = super::flat::read(b) {
+        return read;
+    }
+    let mut values = serde_json::Deserializer::from_slice(b).into_iter::<Usage>();
+    match values.next() {
+        Some(Ok(u)) => Ok((u, values.byte_offset())),
+        _ => Err(()),
+    }
+}
+
 /// Appends the JSON string content `raw` (between its quotes), its escapes decoded, to `out`;
 /// `false` (and `out` as it was) when it is not valid (bad UTF-8, a bad escape, a lone
 /// surrogate), as serde would refuse it.
 pub fn unescape(raw: &[u8], out: &mut String) -> bool {
     let start = out.len();
-    if unescape_into(raw, out).is_none() {
+    if unescape_with(raw, &mut |s| out.push_str(s)).is_none() {
         out.truncate(start);
         return false;
     }
     true
 }
 
-fn unescape_into(mut raw: &[u8], out: &mut String) -> Option<()> {
+/// The JSON string content `raw` decoded, piece by piece to `out`, in order; `None` when it is
+/// not valid (the pieces before the fault were handed out).
+pub fn unescape_with(mut raw: &[u8], out: &mut impl FnMut(&str)) -> Option<()> {
     loop {
         let Some(k) = memchr(b'\\', raw) else {
-            out.push_str(std::str::from_utf8(raw).ok()?);
+            out(std::str::from_utf8(raw).ok()?);
             return Some(());
         };
-        out.push_str(std::str::from_utf8(&raw[..k]).ok()?);
+        out(std::str::from_utf8(&raw[..k]).ok()?);
         let (c, used) = match *raw.get(k + 1)? {
             b'"' => ('"', 2),
             b'\\' => ('\\', 2),
@@ -258,7 +318,7 @@ fn unescape_into(mut raw: &[u8], out: &mut String) -> Option<()> {
             }
             _ => return None,
         };
-        out.push(c);
+        out(c.encode_utf8(&mut [0; 4]));
         raw = &raw[k + used..];
     }
 }

@@ -194,3 +194,70 @@ proptest! {
         prop_assert_eq!(a.usage, b.usage);
     }
 }
+
+/// One event of a stream: a head (the members before `choices`; some alike, some not, some
+/// broken) and a body.
+fn event(head: usize, body: usize, text: &str) -> String {
+    let head = [
+        r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","#,
+        r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m", "#,
+        r#"{"id":"chatcmpl-2","object":"chat.completion.chunk","created":1,"model":"m","#,
+        r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","created":12,"model":"m","#,
+        r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"#,
+        r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m""#,
+        r#" {"id":"x","#,
+        r#"{"#,
+        r#"{"type":"response.output_text.delta","item_id":"i","#,
+    ][head];
+    let body = [
+        format!(r#""choices":[{{"index":0,"delta":{{"content":"{text}"}},"finish_reason":null}}],"usage":null}}"#),
+        format!(r#""choices":[],"usage":{{"prompt_tokens":3,"completion_tokens":{}}}}}"#, text.len()),
+        format!(r#""delta":"{text}"}}"#),
+        format!(r#""usage":null,"choices":[{{"text":"{text}"}}]}}"#),
+        r#""model":"m"}"#.to_owned(),
+        format!(r#""choices":[{{"delta":{{"content":"{text}"}}}}]"#),
+        "}".to_owned(),
+    ][body]
+        .clone();
+    head.to_owned() + &body
+}
+
+proptest! {
+    /// A stream's events skimmed one after another, each from the prefix the ones before
+    /// left, see what each skimmed alone sees.
+    #[test]
+    fn walking_on_from_a_known_prefix_sees_what_a_whole_walk_sees(
+        events in proptest::collection::vec((0usize..9, 0usize..7, "[a-z \\\\\"]{0,6}"), 1..12),
+    ) {
+        let mut prefix = Prefix::default();
+        for (head, body, text) in events {
+            let text = serde_json::to_string(&text).unwrap();
+            let doc = event(head, body, &text[1..text.len() - 1]);
+            let (mut alone, mut after) = (Vec::new(), Vec::new());
+            let a = skim(doc.as_bytes(), &mut |raw, e| alone.push((raw.to_vec(), e)));
+            let b = skim_after(doc.as_bytes(), &mut prefix, &mut |raw, e| after.push((raw.to_vec(), e)));
+            prop_assert_eq!(a, b, "{}", doc);
+            prop_assert_eq!(alone, after, "{}", doc);
+        }
+    }
+}
+
+#[test]
+fn a_known_prefix_is_skipped_and_a_new_one_replaces_it() {
+    let mut prefix = Prefix::default();
+    let one = event(0, 0, "a");
+    assert!(skim_after(one.as_bytes(), &mut prefix, &mut |_, _| ()).is_some());
+    let head = event(0, 4, "");
+    assert_eq!(
+        prefix.0,
+        head.as_bytes()[..head.len() - r#""model":"m"}"#.len()]
+    );
+    // Broken where the known prefix would have been checked: found all the same.
+    let mut broken = event(0, 0, "b").into_bytes();
+    broken[5] = b' ';
+    assert_eq!(skim_after(&broken, &mut prefix, &mut |_, _| ()), None);
+    let other = event(2, 1, "cd");
+    let s = skim_after(other.as_bytes(), &mut prefix, &mut |_, _| ()).unwrap();
+    assert_eq!(s.usage.unwrap().completion_tokens, Some(2));
+    assert!(prefix.0.starts_with(br#"{"id":"chatcmpl-2""#));
+}
