@@ -132,8 +132,8 @@ pub struct Tally {
     /// The answer's id, model and finish reasons, read only when asked for (recorded requests).
     pub meta: Option<Box<super::meta::Collector>>,
     max_text: usize,
-    /// What the stream's events begin with (the skim walks on from there).
-    prefix: super::skim::Prefix,
+    /// What the stream's events had in common (the skim walks on from there).
+    memo: super::skim::Memo,
 }
 
 impl Tally {
@@ -146,7 +146,7 @@ impl Tally {
             malformed: 0,
             meta: None,
             max_text,
-            prefix: Default::default(),
+            memo: Default::default(),
         }
     }
 
@@ -215,11 +215,11 @@ impl Tally {
         if let Some(m) = &mut self.meta {
             m.see(json);
         }
-        let mut prefix = std::mem::take(&mut self.prefix);
-        let found = super::skim::skim_after(json, &mut prefix, &mut |raw, escaped| {
+        let mut memo = std::mem::take(&mut self.memo);
+        let found = super::skim::skim_after(json, &mut memo, &mut |raw, escaped| {
             self.push_raw(raw, escaped)
         });
-        self.prefix = prefix;
+        self.memo = memo;
         let Some(found) = found else {
             self.malformed += 1;
             return Seen::default();

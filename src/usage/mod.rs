@@ -13,7 +13,8 @@
 //!   are copied aside as they pass, up to [`MAX_JSON_BYTES`], and parsed once at the end; SSE is
 //!   scanned line by line (`sse`), holding back at most the current partial line, and only when
 //!   a usage chunk must be removed. SSE events are skimmed, never parsed whole (`skim`: only a
-//!   `usage` object on its path is), and a stream's output is counted with the tokenizer while
+//!   `usage` object on its path is; an event shaped like the last one is compared with it, not
+//!   walked), and a stream's output is counted with the tokenizer while
 //!   it passes only when a meter enforces a limit on it (`Meter::exact`).
 //! - Reconciliation happens exactly once — at end of stream, on an error frame, or on drop
 //!   (client gone, upstream abort) — and always before the guards of the body below (the

@@ -2,7 +2,9 @@
 //! and its generated text — without parsing it: one pass that walks only the members on the
 //! paths of [`keys`](super::keys), skips every other value with `memchr` over its strings, and
 //! parses nothing but a `usage` object found on its path (exactly as serde does: its flat form
-//! by [`flat`](super::flat), any other with serde).
+//! by [`flat`](super::flat), any other with serde). The events of one stream are skimmed with
+//! what the ones before them had in common ([`stream`]: a known prefix is compared, not walked;
+//! an event in the last one's shape with another text is not walked at all).
 //!
 //! Invariants:
 //! - No allocation: text is handed to the caller as the raw bytes between its quotes (with
@@ -17,6 +19,9 @@ use memchr::{memchr, memchr2};
 use super::extract::Usage;
 use super::keys::{Role, USAGE_SLOTS};
 
+pub mod stream;
+pub use stream::{skim_after, Memo};
+
 /// What a skimmed document held.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Skim {
@@ -29,57 +34,13 @@ pub struct Skim {
 /// Skims `json`; `text(raw, escaped)` gets each generated text string (the bytes between its
 /// quotes, and whether they hold a `\` escape), in document order.
 pub fn skim(json: &[u8], text: &mut impl FnMut(&[u8], bool)) -> Option<Skim> {
-    skim_after(json, &mut Prefix::default(), text)
-}
-
-/// The bytes that the last events of a stream began with, up to the first member accounting
-/// reads (`{"id":…,"object":…,"created":…,"model":…,` in a chat stream): members the skim only
-/// skips. An event that begins with the same bytes is walked from there, since walking them
-/// again would find the same (nothing, and no fault).
-#[derive(Debug, Default)]
-pub struct Prefix(Vec<u8>);
-
-/// Longest prefix kept.
-const MAX_PREFIX: usize = 1024;
-
-/// [`skim`], for the next event of a stream whose earlier events left `prefix`.
-pub fn skim_after(
-    json: &[u8],
-    prefix: &mut Prefix,
-    text: &mut impl FnMut(&[u8], bool),
-) -> Option<Skim> {
-    let mut w = Walk {
-        b: json,
-        i: 0,
-        usage: [None; USAGE_SLOTS],
-        choices: false,
-        first: None,
-        read: false,
-        text,
-    };
-    let known = !prefix.0.is_empty() && json.starts_with(&prefix.0);
-    if known {
-        w.i = prefix.0.len();
-        w.members(Role::Root)?;
-    } else {
-        w.ws();
-        if w.peek()? != b'{' {
-            return None;
-        }
-        w.object(Role::Root)?;
-    }
+    let mut w = Walk::new(json, text);
     w.ws();
-    if w.i != json.len() {
+    if w.peek()? != b'{' {
         return None;
     }
-    if let (false, Some(cut)) = (known, w.first.filter(|&c| c <= MAX_PREFIX)) {
-        prefix.0.clear();
-        prefix.0.extend_from_slice(&json[..cut]);
-    }
-    Some(Skim {
-        usage: w.usage.into_iter().flatten().next(),
-        choices: w.choices,
-    })
+    w.object(Role::Root)?;
+    w.end()
 }
 
 struct Walk<'a, 't, F> {
@@ -88,14 +49,44 @@ struct Walk<'a, 't, F> {
     usage: [Option<Usage>; USAGE_SLOTS],
     choices: bool,
     /// Where the first member of the outermost object that accounting reads begins (its key's
-    /// opening quote).
+    /// opening quote), unless it is the first member.
     first: Option<usize>,
     /// A member of the outermost object that accounting reads was met.
     read: bool,
+    /// How many texts were handed out (at most 2 counted), the range of the last one between
+    /// its quotes, and whether it held escapes.
+    texts: u8,
+    text_at: (usize, usize, bool),
     text: &'t mut F,
 }
 
-impl<F: FnMut(&[u8], bool)> Walk<'_, '_, F> {
+impl<'a, 't, F: FnMut(&[u8], bool)> Walk<'a, 't, F> {
+    fn new(b: &'a [u8], text: &'t mut F) -> Self {
+        Walk {
+            b,
+            i: 0,
+            usage: [None; USAGE_SLOTS],
+            choices: false,
+            first: None,
+            read: false,
+            texts: 0,
+            text_at: (0, 0, false),
+            text,
+        }
+    }
+
+    /// At the end of the outermost object: what the document held, if nothing follows it.
+    fn end(&mut self) -> Option<Skim> {
+        self.ws();
+        if self.i != self.b.len() {
+            return None;
+        }
+        Some(Skim {
+            usage: self.usage.into_iter().flatten().next(),
+            choices: self.choices,
+        })
+    }
+
     fn peek(&self) -> Option<u8> {
         self.b.get(self.i).copied()
     }
@@ -167,6 +158,8 @@ impl<F: FnMut(&[u8], bool)> Walk<'_, '_, F> {
         match (role, self.peek()?) {
             (Role::Text, b'"') => {
                 let (s, e, escaped) = self.string()?;
+                self.texts = self.texts.saturating_add(1).min(2);
+                self.text_at = (s, e, escaped);
                 (self.text)(&self.b[s..e], escaped);
             }
             (Role::Usage(p), b'{') => match usage(&self.b[self.i..]) {

@@ -217,25 +217,33 @@ fn event(head: usize, body: usize, text: &str) -> String {
         r#""model":"m"}"#.to_owned(),
         format!(r#""choices":[{{"delta":{{"content":"{text}"}}}}]"#),
         "}".to_owned(),
+        format!(r#""choices":[{{"text":"{text}"}},{{"text":"x"}}]}}"#),
+        format!(r#""choices":[{{"index":0,"delta":{{"content":"{text}"}},"finish_reason":null}}],"usage":null}} "#),
     ][body]
         .clone();
     head.to_owned() + &body
 }
 
 proptest! {
-    /// A stream's events skimmed one after another, each from the prefix the ones before
-    /// left, see what each skimmed alone sees.
+    /// A stream's events skimmed one after another, each with what the ones before had in
+    /// common, see what each skimmed alone sees.
     #[test]
-    fn walking_on_from_a_known_prefix_sees_what_a_whole_walk_sees(
-        events in proptest::collection::vec((0usize..9, 0usize..7, "[a-z \\\\\"]{0,6}"), 1..12),
+    fn walking_on_from_what_a_stream_had_in_common_sees_what_a_whole_walk_sees(
+        base in (0usize..9, 0usize..9),
+        events in proptest::collection::vec(
+            (proptest::option::weighted(0.3, (0usize..9, 0usize..9)), "[a-z \\\\\"]{0,6}"),
+            1..16,
+        ),
     ) {
-        let mut prefix = Prefix::default();
-        for (head, body, text) in events {
+        // Most events in the stream's own shape, some in any other.
+        let mut memo = Memo::default();
+        for (other, text) in events {
+            let (head, body) = other.unwrap_or(base);
             let text = serde_json::to_string(&text).unwrap();
             let doc = event(head, body, &text[1..text.len() - 1]);
             let (mut alone, mut after) = (Vec::new(), Vec::new());
             let a = skim(doc.as_bytes(), &mut |raw, e| alone.push((raw.to_vec(), e)));
-            let b = skim_after(doc.as_bytes(), &mut prefix, &mut |raw, e| after.push((raw.to_vec(), e)));
+            let b = skim_after(doc.as_bytes(), &mut memo, &mut |raw, e| after.push((raw.to_vec(), e)));
             prop_assert_eq!(a, b, "{}", doc);
             prop_assert_eq!(alone, after, "{}", doc);
         }
@@ -243,21 +251,43 @@ proptest! {
 }
 
 #[test]
-fn a_known_prefix_is_skipped_and_a_new_one_replaces_it() {
-    let mut prefix = Prefix::default();
+fn a_known_prefix_and_shape_are_used_and_new_ones_replace_them() {
+    let mut memo = Memo::default();
+    let mut texts = Vec::new();
     let one = event(0, 0, "a");
-    assert!(skim_after(one.as_bytes(), &mut prefix, &mut |_, _| ()).is_some());
+    assert!(skim_after(one.as_bytes(), &mut memo, &mut |_, _| ()).is_some());
+    let kept = memo.0.as_ref().unwrap();
     let head = event(0, 4, "");
     assert_eq!(
-        prefix.0,
+        kept.prefix,
         head.as_bytes()[..head.len() - r#""model":"m"}"#.len()]
     );
+    assert_eq!(kept.shape.len(), one.len() - 1);
+    // Another text in the same shape: the text is what lies between.
+    let two = event(0, 0, "bc d");
+    let s = skim_after(two.as_bytes(), &mut memo, &mut |raw, e| {
+        texts.push((raw.to_vec(), e))
+    });
+    assert_eq!(
+        (s, texts),
+        (
+            skim(two.as_bytes(), &mut |_, _| ()),
+            vec![(b"bc d".to_vec(), false)]
+        )
+    );
+    // A text with a quote or an escape in the same shape is walked, and found all the same.
+    let quoted = event(0, 0, r#"x\"y"#);
+    let mut texts = Vec::new();
+    assert!(skim_after(quoted.as_bytes(), &mut memo, &mut |raw, e| texts
+        .push((raw.to_vec(), e)))
+    .is_some());
+    assert_eq!(texts, vec![(br#"x\"y"#.to_vec(), true)]);
     // Broken where the known prefix would have been checked: found all the same.
     let mut broken = event(0, 0, "b").into_bytes();
     broken[5] = b' ';
-    assert_eq!(skim_after(&broken, &mut prefix, &mut |_, _| ()), None);
+    assert_eq!(skim_after(&broken, &mut memo, &mut |_, _| ()), None);
     let other = event(2, 1, "cd");
-    let s = skim_after(other.as_bytes(), &mut prefix, &mut |_, _| ()).unwrap();
+    let s = skim_after(other.as_bytes(), &mut memo, &mut |_, _| ()).unwrap();
     assert_eq!(s.usage.unwrap().completion_tokens, Some(2));
-    assert!(prefix.0.starts_with(br#"{"id":"chatcmpl-2""#));
+    assert!(memo.0.unwrap().prefix.starts_with(br#"{"id":"chatcmpl-2""#));
 }
