@@ -118,7 +118,6 @@ impl Write for Sse {
             if p.first() == Some(&b'{') {
                 tally.observe(p);
             }
-            true
         });
         Ok(b.len())
     }

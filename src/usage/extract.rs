@@ -116,6 +116,8 @@ pub struct Seen {
     pub usage: Option<Usage>,
     /// A usage-only chunk: `choices: []` with a usage (removed when usage was asked for us).
     pub usage_only: bool,
+    /// Where a top-level `,"usage":null` begins (an SSE event's; what strip mode removes).
+    pub null_usage: Option<usize>,
 }
 
 /// Accumulates usage and generated text over a response.
@@ -203,7 +205,7 @@ impl Tally {
             self.usage = Some(u);
             return Seen {
                 usage,
-                usage_only: false,
+                ..Seen::default()
             };
         }
         self.observe_doc(json)
@@ -231,6 +233,7 @@ impl Tally {
         Seen {
             usage,
             usage_only: usage.is_some() && !found.choices,
+            null_usage: found.null_usage,
         }
     }
 
@@ -268,7 +271,11 @@ impl Tally {
         if usage.is_some() {
             self.usage = usage;
         }
-        Seen { usage, usage_only }
+        Seen {
+            usage,
+            usage_only,
+            null_usage: None,
+        }
     }
 }
 
@@ -365,7 +372,10 @@ mod tests {
         let s = t.observe(br#"{"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2}}"#);
         assert!(s.usage_only);
         let s = t.observe(br#"{"choices":[{"delta":{"content":"ab"}}],"usage":null}"#);
-        assert_eq!(s, Seen::default());
+        assert_eq!(
+            (s.usage, s.usage_only, s.null_usage),
+            (None, false, Some(39))
+        );
         t.observe(br#"{"type":"response.output_text.delta","delta":"cd"}"#);
         t.observe(br#"{"choices":[{"text":"ef"}]}"#);
         t.observe(br#"{"choices":[{"delta":{"tool_calls":[{"function":{"arguments":"{}"}}]}}]}"#);

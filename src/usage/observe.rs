@@ -16,7 +16,7 @@ use bytes::Bytes;
 
 use super::decode::{Coding, Decoder};
 use super::extract::{self, Tally};
-use super::sse::Scanner;
+use super::sse::{Scanner, Verdict};
 use super::MAX_JSON_BYTES;
 use crate::context::{Ctx, Usage};
 use crate::domain::{Charge, Weight};
@@ -85,7 +85,9 @@ impl Plain {
             }
             Mode::Sse(scanner) => {
                 let tally = &mut self.tally;
-                scanner.observe(data, &mut |p| keep(tally, false, p));
+                scanner.observe(data, &mut |p| {
+                    keep(tally, false, p);
+                });
             }
         }
     }
@@ -120,13 +122,19 @@ impl io::Write for Plain {
     }
 }
 
-/// The SSE payload filter: observe, and drop the usage-only chunk in strip mode.
-fn keep(tally: &mut Tally, strip: bool, payload: &[u8]) -> bool {
+/// The SSE payload filter: observe; in strip mode, drop the usage-only chunk and trim the
+/// null usage of the others.
+pub(super) fn keep(tally: &mut Tally, strip: bool, payload: &[u8]) -> Verdict {
     if payload.first() != Some(&b'{') {
-        return true;
+        return Verdict::Keep;
     }
     let seen = tally.observe(payload);
-    !(strip && seen.usage_only)
+    match seen.null_usage {
+        _ if !strip => Verdict::Keep,
+        _ if seen.usage_only => Verdict::Drop,
+        Some(at) => Verdict::Trim(at),
+        None => Verdict::Keep,
+    }
 }
 
 enum Feed {

@@ -29,7 +29,13 @@ pub struct Skim {
     pub usage: Option<Usage>,
     /// Whether its top-level `choices` array had an element.
     pub choices: bool,
+    /// Where its top-level `"usage":null` member begins, when it is written `,"usage":null`
+    /// (the offset of that comma): what strip mode removes.
+    pub null_usage: Option<usize>,
 }
+
+/// A top-level null usage as providers write it (never the first member).
+pub const NULL_USAGE: &[u8] = b",\"usage\":null";
 
 /// Skims `json`; `text(raw, escaped)` gets each generated text string (the bytes between its
 /// quotes, and whether they hold a `\` escape), in document order.
@@ -57,6 +63,7 @@ struct Walk<'a, 't, F> {
     /// its quotes, and whether it held escapes.
     texts: u8,
     text_at: (usize, usize, bool),
+    null_usage: Option<usize>,
     text: &'t mut F,
 }
 
@@ -71,6 +78,7 @@ impl<'a, 't, F: FnMut(&[u8], bool)> Walk<'a, 't, F> {
             read: false,
             texts: 0,
             text_at: (0, 0, false),
+            null_usage: None,
             text,
         }
     }
@@ -84,6 +92,7 @@ impl<'a, 't, F: FnMut(&[u8], bool)> Walk<'a, 't, F> {
         Some(Skim {
             usage: self.usage.into_iter().flatten().next(),
             choices: self.choices,
+            null_usage: self.null_usage,
         })
     }
 
@@ -200,6 +209,14 @@ impl<'a, 't, F: FnMut(&[u8], bool)> Walk<'a, 't, F> {
             if role == Role::Root && child != Role::Other && !self.read {
                 self.read = true;
                 self.first = later.then_some(s - 1);
+            }
+            if child == Role::Usage(0)
+                && self.null_usage.is_none()
+                && s >= 2
+                && self.b[s - 2..].starts_with(NULL_USAGE)
+                && matches!(self.b.get(s - 2 + NULL_USAGE.len()), Some(b',' | b'}'))
+            {
+                self.null_usage = Some(s - 2);
             }
             self.ws();
             if self.peek()? != b':' {

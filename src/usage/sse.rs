@@ -6,8 +6,9 @@
 //!   one partial line, bounded by [`MAX_LINE`] (a longer line is skipped unobserved).
 //! - Strip mode holds back only the current partial line (an event can only be dropped once its
 //!   line is complete), so no complete line is ever delayed; a dropped `data:` line takes the
-//!   blank line ending its event with it, and `,"usage":null` is removed from kept lines (it is
-//!   there only because usage was asked for). A partial line over [`MAX_LINE`] is forwarded as
+//!   blank line ending its event with it, and from a kept line the `,"usage":null` the observer
+//!   of its payload points at ([`Verdict::Trim`]: the event's top-level null usage, which is
+//!   there only because usage was asked for) is removed. A partial line over [`MAX_LINE`] is forwarded as
 //!   is, and that line is then passed through unobserved.
 //! - Output = input minus dropped events, byte for byte, whatever the chunking.
 //! - No copy and no allocation per chunk: lines are found with `memchr`; a strip-mode chunk that
@@ -15,16 +16,23 @@
 //!   is reused once the client has written the previous one.
 
 use bytes::{BufMut, Bytes, BytesMut};
-use memchr::{memchr, memmem};
+use memchr::memchr;
 
 /// Longest line observed (or held back in strip mode).
 pub const MAX_LINE: usize = 1 << 20;
 
-const NULL_USAGE: &[u8] = b",\"usage\":null";
+use super::skim::NULL_USAGE;
 
-/// The searcher for [`NULL_USAGE`], built once (building one costs more than a search of a line).
-static NULL_USAGE_FINDER: std::sync::LazyLock<memmem::Finder<'static>> =
-    std::sync::LazyLock::new(|| memmem::Finder::new(NULL_USAGE));
+/// What strip mode does with an event's `data:` line, as the observer of its payload says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Forward it.
+    Keep,
+    /// Drop it, and the blank line that ends its event.
+    Drop,
+    /// Forward it without the [`NULL_USAGE`] that begins at this offset of the payload.
+    Trim(usize),
+}
 
 /// The scanner; see the module docs.
 #[derive(Debug, Default)]
@@ -40,9 +48,17 @@ pub struct Scanner {
 }
 
 fn payload(line: &[u8]) -> Option<&[u8]> {
+    data(line).map(|(_, p)| p)
+}
+
+/// A `data:` line's payload and where it begins in the line.
+fn data(line: &[u8]) -> Option<(usize, &[u8])> {
     let line = line.strip_suffix(b"\r").unwrap_or(line);
     let rest = line.strip_prefix(b"data:")?;
-    Some(rest.strip_prefix(b" ").unwrap_or(rest))
+    Some(match rest.strip_prefix(b" ") {
+        Some(p) => (6, p),
+        None => (5, rest),
+    })
 }
 
 /// What strip mode does with one complete line.
@@ -93,10 +109,12 @@ impl Scanner {
     }
 
     /// Feeds one chunk; `keep(payload)` sees every complete `data:` payload and (in strip mode)
-    /// returns whether to forward it. Returns the bytes to forward now.
-    pub fn feed(&mut self, chunk: Bytes, keep: &mut dyn FnMut(&[u8]) -> bool) -> Bytes {
+    /// says what to do with its line. Returns the bytes to forward now.
+    pub fn feed(&mut self, chunk: Bytes, keep: &mut dyn FnMut(&[u8]) -> Verdict) -> Bytes {
         if !self.strip {
-            self.observe(&chunk, keep);
+            self.observe(&chunk, &mut |p| {
+                keep(p);
+            });
             return chunk;
         }
         let mut out = Out {
@@ -158,9 +176,9 @@ impl Scanner {
         }
     }
 
-    /// Observe mode over a borrowed chunk (forwarding is the caller's): `keep` sees every
-    /// complete `data:` payload, its answer is ignored.
-    pub fn observe(&mut self, chunk: &[u8], keep: &mut dyn FnMut(&[u8]) -> bool) {
+    /// Observe mode over a borrowed chunk (forwarding is the caller's): `see` sees every
+    /// complete `data:` payload.
+    pub fn observe(&mut self, chunk: &[u8], see: &mut dyn FnMut(&[u8])) {
         let mut rest = chunk;
         while let Some(nl) = memchr(b'\n', rest) {
             let (line, tail) = (&rest[..nl], &rest[nl + 1..]);
@@ -170,12 +188,12 @@ impl Scanner {
             }
             if self.partial.is_empty() {
                 if let Some(p) = payload(line) {
-                    keep(p);
+                    see(p);
                 }
             } else {
                 self.partial.extend_from_slice(line);
                 if let Some(p) = payload(&self.partial) {
-                    keep(p);
+                    see(p);
                 }
                 self.partial.clear();
             }
@@ -191,13 +209,14 @@ impl Scanner {
         }
     }
 
-    /// At end of stream: observes a last unterminated line and returns what is still held.
-    pub fn finish(&mut self, keep: &mut dyn FnMut(&[u8]) -> bool) -> Bytes {
+    /// At end of stream: observes a last unterminated line and returns what is still held
+    /// (dropped as `keep` says, never trimmed).
+    pub fn finish(&mut self, keep: &mut dyn FnMut(&[u8]) -> Verdict) -> Bytes {
         let partial = std::mem::take(&mut self.partial);
         if self.overlong || partial.is_empty() {
             return Bytes::new();
         }
-        let forward = payload(&partial).is_none_or(keep);
+        let forward = payload(&partial).is_none_or(|p| keep(p) != Verdict::Drop);
         if self.strip && forward {
             Bytes::from(partial)
         } else {
@@ -207,19 +226,24 @@ impl Scanner {
 }
 
 /// What strip mode does with one complete line (with its `\n`).
-fn edit(skip_blank: &mut bool, line: &[u8], keep: &mut dyn FnMut(&[u8]) -> bool) -> Edit {
+fn edit(skip_blank: &mut bool, line: &[u8], keep: &mut dyn FnMut(&[u8]) -> Verdict) -> Edit {
     let body = &line[..line.len() - 1];
     let blank = body.is_empty() || body == b"\r";
     if std::mem::take(skip_blank) && blank {
         return Edit::Drop;
     }
-    if let Some(p) = payload(body) {
-        if !keep(p) {
-            *skip_blank = true;
-            return Edit::Drop;
-        }
-        if let Some(i) = NULL_USAGE_FINDER.find(line) {
-            return Edit::Cut(i);
+    if let Some((start, p)) = data(body) {
+        match keep(p) {
+            Verdict::Keep => {}
+            Verdict::Drop => {
+                *skip_blank = true;
+                return Edit::Drop;
+            }
+            // Checked again here: a verdict never cuts anything else.
+            Verdict::Trim(at) if p.get(at..).is_some_and(|r| r.starts_with(NULL_USAGE)) => {
+                return Edit::Cut(start + at);
+            }
+            Verdict::Trim(_) => {}
         }
     }
     Edit::Keep

@@ -35,8 +35,9 @@ pub(super) struct Kept {
     /// closing quote), `head` of them before.
     pub(super) shape: Vec<u8>,
     pub(super) head: usize,
-    /// What the shape's event held.
+    /// What the shape's event held, and its length.
     found: Skim,
+    len: usize,
 }
 
 /// Longest prefix, and longest part of a shape, kept.
@@ -55,7 +56,12 @@ pub fn skim_after(
         if json.starts_with(head) && json.ends_with(tail) && memchr2(b'"', b'\\', between).is_none()
         {
             text(between, false);
-            return Some(kept.found);
+            let mut found = kept.found;
+            // A null usage after the text moves with the text's end.
+            if let Some(at) = found.null_usage.filter(|&at| at >= kept.head) {
+                found.null_usage = Some(at + json.len() - kept.len);
+            }
+            return Some(found);
         }
     }
     let mut w = Walk::new(json, text);
@@ -82,6 +88,7 @@ pub fn skim_after(
         kept.shape.extend_from_slice(&json[e..]);
         kept.head = s;
         kept.found = found;
+        kept.len = json.len();
     }
     Some(found)
 }

@@ -20,21 +20,20 @@ const WANTED: &str = concat!(
 );
 
 fn run(strip: bool, cuts: &[usize]) -> (String, Tally) {
+    run_on(STREAM, strip, cuts)
+}
+
+/// `stream` through the scanner and the usage stage's own filter, in chunks cut at `cuts`.
+fn run_on(stream: &str, strip: bool, cuts: &[usize]) -> (String, Tally) {
     let mut s = Scanner::new(strip);
     let mut tally = Tally::new(1 << 20);
     let mut out = Vec::new();
-    let mut keep = |p: &[u8]| {
-        if p.first() != Some(&b'{') {
-            return true;
-        }
-        let seen = tally.observe(p);
-        !(strip && seen.usage_only)
-    };
+    let mut keep = |p: &[u8]| crate::usage::observe::keep(&mut tally, strip, p);
     let mut at = 0;
-    let mut cuts: Vec<usize> = cuts.iter().map(|c| c % (STREAM.len() + 1)).collect();
+    let mut cuts: Vec<usize> = cuts.iter().map(|c| c % (stream.len() + 1)).collect();
     cuts.sort_unstable();
-    for c in cuts.into_iter().chain([STREAM.len()]) {
-        let chunk = Bytes::copy_from_slice(&STREAM.as_bytes()[at..c.max(at)]);
+    for c in cuts.into_iter().chain([stream.len()]) {
+        let chunk = Bytes::copy_from_slice(&stream.as_bytes()[at..c.max(at)]);
         at = c.max(at);
         out.extend_from_slice(&s.feed(chunk, &mut keep));
     }
@@ -61,7 +60,7 @@ fn observe_mode_forwards_untouched() {
 fn an_overlong_line_is_passed_through() {
     let mut s = Scanner::new(true);
     let long = format!("data: {}", "x".repeat(MAX_LINE + 10));
-    let mut keep = |_: &[u8]| false;
+    let mut keep = |_: &[u8]| Verdict::Drop;
     let a = s.feed(Bytes::from(long.clone()), &mut keep);
     let b = s.feed(Bytes::from_static(b"\n\ndata: [DONE]\n\n"), &mut keep);
     assert_eq!(a.len(), long.len());
@@ -79,5 +78,47 @@ proptest! {
         let (plain, t2) = run(false, &cuts);
         prop_assert_eq!(plain, STREAM);
         prop_assert_eq!(t2.usage.unwrap().completion_tokens, Some(2));
+    }
+}
+
+/// Events as providers write them, in the shapes that trip a stripper up.
+const ODD: &str = concat!(
+    "data: {\"id\":\"c\",\"choices\":[{\"delta\":{\"content\":\"a\"}}],\"usage\":null}\r\n\r\n",
+    "data:{\"id\":\"c\",\"choices\":[{\"delta\":{\"content\":\"b\"}}],\"usage\":null}\n\n",
+    "data: {\"id\":\"c\",\"choices\":[{\"delta\":{\"content\":\"c\"}}], \"usage\": null}\n\n",
+    "data: {\"id\":\"c\",\"x\":{\"a\":1,\"usage\":null},\"choices\":[{\"delta\":{\"content\":\"d\"}}],\"usage\":null}\n\n",
+    "data: {\"id\":\"c\",\"usage\":null,\"choices\":[{\"delta\":{\"content\":\"\\\"e\"}}]}\n\n",
+    "data: {\"choices\":[{\"delta\":{\"content\":\",\\\"usage\\\":null\"}}],\"usage\":null}\n\n",
+    "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":5}}\n\n",
+    "data: [DONE]\n\n",
+);
+
+const ODD_WANTED: &str = concat!(
+    "data: {\"id\":\"c\",\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\r\n\r\n",
+    "data:{\"id\":\"c\",\"choices\":[{\"delta\":{\"content\":\"b\"}}]}\n\n",
+    "data: {\"id\":\"c\",\"choices\":[{\"delta\":{\"content\":\"c\"}}], \"usage\": null}\n\n",
+    "data: {\"id\":\"c\",\"x\":{\"a\":1,\"usage\":null},\"choices\":[{\"delta\":{\"content\":\"d\"}}]}\n\n",
+    "data: {\"id\":\"c\",\"choices\":[{\"delta\":{\"content\":\"\\\"e\"}}]}\n\n",
+    "data: {\"choices\":[{\"delta\":{\"content\":\",\\\"usage\\\":null\"}}]}\n\n",
+    "data: [DONE]\n\n",
+);
+
+#[test]
+fn only_the_top_level_null_usage_is_removed_wherever_the_stream_is_cut() {
+    // Every event's top-level `,"usage":null` goes, whatever comes before or after it; a
+    // nested one, one with spaces, and the same bytes inside a text stay.
+    let (out, tally) = run_on(ODD, true, &[]);
+    assert_eq!(out, ODD_WANTED);
+    assert_eq!(tally.text, "abcd\"e,\"usage\":null");
+    assert_eq!(tally.usage.unwrap().completion_tokens, Some(5));
+    // An event split across two chunks at every byte offset, and across three.
+    for cut in 0..=ODD.len() {
+        assert_eq!(run_on(ODD, true, &[cut]).0, ODD_WANTED, "cut at {cut}");
+        assert_eq!(
+            run_on(ODD, true, &[cut, cut + 7]).0,
+            ODD_WANTED,
+            "cut at {cut}"
+        );
+        assert_eq!(run_on(ODD, false, &[cut]).0, ODD, "cut at {cut}");
     }
 }
