@@ -11,16 +11,13 @@
 pub mod catalog;
 
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use futures_util::future::{ready, Either, Ready};
 use http::{Method, Request, Response, StatusCode};
 
 use crate::body::is_json_endpoint;
 use crate::error::ApiError;
 use crate::response::ResponseBody;
-use crate::stage::BoxFuture;
 use crate::upstream::Upstream;
 
 pub use crate::context::Route;
@@ -170,75 +167,84 @@ impl Router {
     }
 }
 
-/// Tower layer of the route stage.
-#[derive(Clone)]
-pub struct Layer(pub Arc<Router>);
+/// What the route stage does with a request ([`decide`]).
+#[derive(Debug)]
+pub enum Decision {
+    /// A JSON endpoint whose model routes to this pool: passed on.
+    Pass(Route),
+    /// `/v1/models` (or one model of it): answered here.
+    Models,
+    /// Refused here.
+    Refuse(crate::Error),
+}
 
-impl<S> tower::Layer<S> for Layer {
-    type Service = Service<S>;
-    fn layer(&self, inner: S) -> Service<S> {
-        Service {
-            router: self.0.clone(),
-            inner,
-        }
+/// The route stage's decision for `req` (a plain function of the router and the request).
+pub fn decide<B>(router: &Router, req: &Request<B>) -> Decision {
+    let path = req.uri().path();
+    if path == "/v1/models" || path.starts_with("/v1/models/") {
+        return Decision::Models;
+    }
+    if !is_json_endpoint(req.method(), path) {
+        let e = if is_json_endpoint(&Method::POST, path) {
+            Error::MethodNotAllowed(req.method().clone())
+        } else {
+            Error::UnknownUrl(path.to_owned())
+        };
+        return Decision::Refuse(e.into());
+    }
+    let ctx = match crate::context::of(req) {
+        Ok(ctx) => ctx,
+        Err(e) => return Decision::Refuse(e),
+    };
+    let parsed = match ctx.request() {
+        Ok(p) => p,
+        Err(e) => return Decision::Refuse(e),
+    };
+    match router.route(&parsed.model) {
+        Some(route) => Decision::Pass(route),
+        None => Decision::Refuse(Error::ModelNotFound(parsed.model.clone()).into()),
     }
 }
 
-/// Tower service of the route stage.
-#[derive(Clone)]
-pub struct Service<S> {
-    router: Arc<Router>,
-    inner: S,
+/// The route stage: the routing table of the generation.
+#[derive(Clone, Debug)]
+pub struct Routing(Arc<Router>);
+
+impl From<Arc<Router>> for Routing {
+    fn from(router: Arc<Router>) -> Self {
+        Self(router)
+    }
 }
+
+/// Tower layer of the route stage.
+pub type Layer = crate::stage::Layer<Routing>;
 
 type Res = Result<Response<ResponseBody>, crate::Error>;
 
-impl<S> tower::Service<Request<Bytes>> for Service<S>
+impl<S> crate::stage::Stage<Request<Bytes>, S> for Routing
 where
-    S: tower::Service<Request<Bytes>, Response = Response<ResponseBody>, Error = crate::Error>,
+    S: crate::stage::Below<Request<Bytes>, Response<ResponseBody>, crate::Error>,
 {
-    type Response = Response<ResponseBody>;
-    type Error = crate::Error;
-    type Future = Either<Either<Ready<Res>, BoxFuture<Res>>, S::Future>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), crate::Error>> {
-        self.inner.poll_ready(cx)
+    /// A routed model (every proxied request) passes on with its route written, unboxed.
+    fn pass(&self, req: &Request<Bytes>) -> bool {
+        match decide(&self.0, req) {
+            Decision::Pass(route) => crate::context::of(req)
+                .map(|ctx| ctx.set_route(route))
+                .is_ok(),
+            _ => false,
+        }
     }
 
-    fn call(&mut self, req: Request<Bytes>) -> Self::Future {
-        let path = req.uri().path();
-        let now = |res: Res| Either::Left(Either::Left(ready(res)));
-        if path == "/v1/models" || path.starts_with("/v1/models/") {
-            let router = self.router.clone();
-            let (method, path) = (req.method().clone(), path.to_owned());
-            return Either::Left(Either::Right(Box::pin(async move {
-                router.answer(method, path).await.map_err(Into::into)
-            })));
-        }
-        if !is_json_endpoint(req.method(), path) {
-            let e = if is_json_endpoint(&Method::POST, path) {
-                Error::MethodNotAllowed(req.method().clone())
-            } else {
-                Error::UnknownUrl(path.to_owned())
-            };
-            return now(Err(e.into()));
-        }
-        let ctx = match crate::context::of(&req) {
-            Ok(ctx) => ctx,
-            Err(e) => return now(Err(e)),
-        };
-        let parsed = match ctx.request() {
-            Ok(p) => p,
-            Err(e) => return now(Err(e)),
-        };
-        match self.router.route(&parsed.model) {
-            Some(route) => {
-                ctx.set_route(route);
-                Either::Right(self.inner.call(req))
+    async fn call(self, req: Request<Bytes>, mut next: S) -> Res {
+        match decide(&self.0, &req) {
+            Decision::Models => {
+                let (method, path) = (req.method().clone(), req.uri().path().to_owned());
+                self.0.answer(method, path).await.map_err(Into::into)
             }
-            None => {
-                let e = Error::ModelNotFound(parsed.model.clone());
-                now(Err(e.into()))
+            Decision::Refuse(e) => Err(e),
+            Decision::Pass(route) => {
+                crate::context::of(&req)?.set_route(route);
+                next.call(req).await
             }
         }
     }

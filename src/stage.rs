@@ -6,13 +6,18 @@
 //! `call`, hands the stage the service that was polled ready (leaving a clone for the next
 //! call, as tower requires of a cloned service) and boxes the stage's future.
 //!
-//! A stage whose fast path must not allocate keeps its hand-written future (`route`,
-//! `ratelimit::headers`, `metrics`, `admin` answer some requests without boxing).
+//! A stage's common path may need no future of its own: [`Stage::pass`] decides first, and a
+//! request it passes goes on to the service below's future, unboxed (`route` a routed model,
+//! `ratelimit::headers` a tenant without limits, `admin` a path not its own; counted by
+//! `examples/allocs.rs`: a boxed stage future is one allocation a request). Everything else is
+//! [`Stage::call`], boxed.
 //!
 //! [`BoxFuture`] is the one boxed future of the stack.
 
 use std::future::Future;
 use std::pin::Pin;
+
+use futures_util::future::Either;
 use std::task::{Context, Poll};
 
 /// The one boxed future of the stack's stages and services.
@@ -21,6 +26,14 @@ pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 /// A stage: its decision over one request `R`, given `next`, the service below it (ready:
 /// its `poll_ready` passed). It calls `next` at most once, or answers itself.
 pub trait Stage<R, S: tower::Service<R>>: Clone + Send + 'static {
+    /// The decision that needs no future, made first: `true` passes `req` on as it is to the
+    /// service below, whose future is then the stage's, unboxed; `false` (the default) hands it
+    /// to [`Stage::call`]. It may write the request's context, as any decision does.
+    fn pass(&self, req: &R) -> bool {
+        let _ = req;
+        false
+    }
+
     /// Handles `req` (on a clone of the stage: the future owns what it uses).
     fn call(
         self,
@@ -83,17 +96,20 @@ where
 {
     type Response = S::Response;
     type Error = S::Error;
-    type Future = BoxFuture<Result<S::Response, S::Error>>;
+    type Future = Either<S::Future, BoxFuture<Result<S::Response, S::Error>>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, req: R) -> Self::Future {
+        if self.stage.pass(&req) {
+            return Either::Left(self.inner.call(req));
+        }
         // The service polled ready goes to this call; its clone waits for the next one.
         let clone = self.inner.clone();
         let ready = std::mem::replace(&mut self.inner, clone);
-        Box::pin(self.stage.clone().call(req, ready))
+        Either::Right(Box::pin(self.stage.clone().call(req, ready)))
     }
 }
 
@@ -104,7 +120,8 @@ mod tests {
     use std::sync::Arc;
     use tower::{Layer as _, Service as _, ServiceExt};
 
-    /// Doubles what it passes down, refuses odd numbers itself; counts its calls.
+    /// Passes 0 on as it is; doubles what else it passes down, refuses odd numbers itself;
+    /// counts its calls.
     #[derive(Clone, Default)]
     struct Double(Arc<AtomicUsize>);
 
@@ -113,6 +130,10 @@ mod tests {
         S: tower::Service<u32, Response = u32, Error = String> + Send + 'static,
         S::Future: Send,
     {
+        fn pass(&self, req: &u32) -> bool {
+            *req == 0
+        }
+
         async fn call(self, req: u32, mut next: S) -> Result<u32, String> {
             self.0.fetch_add(1, Ordering::SeqCst);
             if req % 2 == 1 {
@@ -123,7 +144,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_stage_decides_passes_down_and_shares_its_state_across_clones() {
+    async fn a_stage_passes_on_decides_passes_down_and_shares_its_state_across_clones() {
         let stage = Double::default();
         let calls = stage.0.clone();
         let below = tower::service_fn(|n: u32| async move { Ok::<_, String>(n + 1) });
@@ -135,6 +156,7 @@ mod tests {
             Err("3 is odd".to_owned()),
             "answered without the service below"
         );
+        assert_eq!(svc.ready().await.unwrap().call(0).await, Ok(1), "passed on");
         assert_eq!(calls.load(Ordering::SeqCst), 2, "one state for every clone");
         assert_eq!(
             layer.0 .0.load(Ordering::SeqCst),

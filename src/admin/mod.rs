@@ -19,9 +19,7 @@ pub mod ui;
 pub mod usage;
 
 use std::sync::{Arc, Weak};
-use std::task::{Context, Poll};
 
-use futures_util::future::{ready, BoxFuture, Either, Ready};
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 
 use crate::admission::Admission;
@@ -131,9 +129,9 @@ impl ApiError for OpsError {
     }
 }
 
-/// What the admin API reads; cloning shares it.
+/// The admin API stage: what it reads; cloning shares it.
 #[derive(Clone)]
-pub struct Layer {
+pub struct Admin {
     /// The bearer token; `None`: the admin API is off.
     pub token: Option<Arc<str>>,
     /// Pool names, indexed like `pools`.
@@ -154,29 +152,15 @@ pub struct Layer {
     pub runtime: tenants::Tenants,
 }
 
-impl<S> tower::Layer<S> for Layer {
-    type Service = Service<S>;
-    fn layer(&self, inner: S) -> Service<S> {
-        Service {
-            admin: self.clone(),
-            inner,
-        }
-    }
-}
-
-/// Tower service of the admin API.
-#[derive(Clone)]
-pub struct Service<S> {
-    admin: Layer,
-    inner: S,
-}
+/// Tower layer of the admin API.
+pub type Layer = crate::stage::Layer<Admin>;
 
 /// Equal bytes, in time independent of where they differ.
 fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-impl Layer {
+impl Admin {
     fn authorized<B>(&self, token: &str, req: &Request<B>) -> bool {
         req.headers()
             .get(header::AUTHORIZATION)
@@ -260,26 +244,20 @@ async fn reload(hook: Option<Arc<dyn Reload>>) -> Res {
     }
 }
 
-impl<S, B> tower::Service<Request<B>> for Service<S>
+impl<S, B> crate::stage::Stage<Request<B>, S> for Admin
 where
-    S: tower::Service<Request<B>, Response = Response<ResponseBody>, Error = Error>,
+    S: crate::stage::Below<Request<B>, Response<ResponseBody>, Error>,
     B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
     B::Error: Into<crate::response::BoxError>,
 {
-    type Response = Response<ResponseBody>;
-    type Error = Error;
-    type Future = Either<Either<Ready<Res>, BoxFuture<'static, Res>>, S::Future>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
-        self.inner.poll_ready(cx)
+    /// Every path not under `/admin/` passes on, unboxed.
+    fn pass(&self, req: &Request<B>) -> bool {
+        !req.uri().path().starts_with("/admin/")
     }
 
-    fn call(&mut self, req: Request<B>) -> Self::Future {
+    async fn call(self, req: Request<B>, _next: S) -> Res {
         let path = req.uri().path();
-        if !path.starts_with("/admin/") {
-            return Either::Right(self.inner.call(req));
-        }
-        let a = &self.admin;
+        let a = &self;
         let res = match &a.token {
             None => Err(OpsError::NotFound.into()),
             // The page itself: static, no data (see the module's docs).
@@ -297,8 +275,7 @@ where
                     .unwrap_or("")
                     .to_owned();
                 let t = a.runtime.clone();
-                let fut = async move { t.route(req, rest).await.map(tenants::no_store) };
-                return Either::Left(Either::Right(Box::pin(fut)));
+                return t.route(req, rest).await.map(tenants::no_store);
             }
             Some(_) => match (req.method(), path) {
                 (&Method::GET, "/admin/state") => {
@@ -316,13 +293,11 @@ where
                         .get(header::ACCEPT)
                         .and_then(|v| v.to_str().ok())
                         .is_some_and(|v| v.contains("text/csv"));
-                    return Either::Left(Either::Right(Box::pin(usage::answer(
-                        spending, q, as_csv,
-                    ))));
+                    return usage::answer(spending, q, as_csv).await;
                 }
                 (&Method::POST, "/admin/reload") => {
                     let hook = a.reload.as_ref().and_then(Weak::upgrade);
-                    return Either::Left(Either::Right(Box::pin(reload(hook))));
+                    return reload(hook).await;
                 }
                 (_, "/admin/reload" | "/admin/state" | "/admin/usage") => {
                     Err(OpsError::MethodNotAllowed.into())
@@ -330,7 +305,7 @@ where
                 _ => Err(OpsError::NotFound.into()),
             },
         };
-        Either::Left(Either::Left(ready(res)))
+        res
     }
 }
 

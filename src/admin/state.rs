@@ -121,7 +121,7 @@ fn jain(xs: impl Iterator<Item = f64>) -> Option<f64> {
     (sum > 0.0).then(|| sum * sum / (n * sq))
 }
 
-impl super::Layer {
+impl super::Admin {
     /// The `/admin/state` document.
     pub fn state(&self, query: &Query) -> Value {
         let m = &self.metrics;

@@ -3,7 +3,6 @@
 //! with fairgate's own refusals noted for the runner.
 
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Request, Response, StatusCode};
@@ -12,42 +11,33 @@ use super::rate::Requests;
 use super::{api, Error, Jobs};
 use crate::context::{Endpoint, JobRun};
 use crate::response::ResponseBody;
-use crate::stage::BoxFuture;
 
-/// Tower layer of the jobs stage: the jobs subsystem (`None`: `[jobs]` is off; `respond-async`
-/// is then ignored, as RFC 7240 allows, and the jobs endpoints answer 404) and the request
-/// bucket its files and batches calls take from.
+/// The jobs stage: the jobs subsystem (`None`: `[jobs]` is off; `respond-async` is then
+/// ignored, as RFC 7240 allows, and the jobs endpoints answer 404) and the request bucket its
+/// files and batches calls take from.
 #[derive(Clone)]
-pub struct Layer {
+pub struct Deferring {
     jobs: Option<Jobs>,
     requests: Arc<dyn Requests>,
 }
 
-impl Layer {
+impl Deferring {
     /// The stage over `jobs`, charging `requests`.
     pub fn new(jobs: Option<Jobs>, requests: Arc<dyn Requests>) -> Self {
         Self { jobs, requests }
     }
-}
 
-impl<S> tower::Layer<S> for Layer {
-    type Service = Service<S>;
-    fn layer(&self, inner: S) -> Service<S> {
-        Service {
-            jobs: self.jobs.clone(),
-            requests: self.requests.clone(),
-            inner,
-        }
+    /// Whether `req` is a `respond-async` request this stage stores as a job (`prefer`).
+    fn deferred(&self, req: &Request<Bytes>, prefer: Prefer) -> bool {
+        self.jobs.is_some()
+            && prefer.respond_async
+            && req.method() == http::Method::POST
+            && Endpoint::of_path(req.uri().path()).is_some()
     }
 }
 
-/// Tower service of the jobs stage.
-#[derive(Clone)]
-pub struct Service<S> {
-    jobs: Option<Jobs>,
-    requests: Arc<dyn Requests>,
-    inner: S,
-}
+/// Tower layer of the jobs stage.
+pub type Layer = crate::stage::Layer<Deferring>;
 
 /// What `Prefer` asks for.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -79,55 +69,45 @@ impl Prefer {
     }
 }
 
-impl<S> tower::Service<Request<Bytes>> for Service<S>
+impl<S> crate::stage::Stage<Request<Bytes>, S> for Deferring
 where
-    S: tower::Service<Request<Bytes>, Response = Response<ResponseBody>, Error = crate::Error>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send,
+    S: crate::stage::Below<Request<Bytes>, Response<ResponseBody>, crate::Error> + Clone,
 {
-    type Response = Response<ResponseBody>;
-    type Error = crate::Error;
-    type Future = BoxFuture<Result<Response<ResponseBody>, crate::Error>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), crate::Error>> {
-        self.inner.poll_ready(cx)
+    /// Every request that is no job, no jobs endpoint and no `respond-async` to store passes
+    /// on, unboxed.
+    fn pass(&self, req: &Request<Bytes>) -> bool {
+        req.extensions().get::<JobRun>().is_none()
+            && !api::is_jobs_path(req.uri().path())
+            && !self.deferred(req, Prefer::of(req.headers()))
     }
 
-    fn call(&mut self, req: Request<Bytes>) -> Self::Future {
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
-        let jobs = self.jobs.clone();
-        let requests = self.requests.clone();
-        Box::pin(async move {
-            // A job re-entering the stack: note fairgate's own refusal for the runner.
-            if let Some(run) = req.extensions().get::<JobRun>().cloned() {
-                return inner.call(req).await.inspect_err(|e| {
-                    if e.never_sent() {
-                        let _ = run.refused.set((e.status(), e.reason()));
-                    }
-                });
+    async fn call(
+        self,
+        req: Request<Bytes>,
+        mut inner: S,
+    ) -> Result<Response<ResponseBody>, crate::Error> {
+        // A job re-entering the stack: note fairgate's own refusal for the runner.
+        if let Some(run) = req.extensions().get::<JobRun>().cloned() {
+            return inner.call(req).await.inspect_err(|e| {
+                if e.never_sent() {
+                    let _ = run.refused.set((e.status(), e.reason()));
+                }
+            });
+        }
+        // The jobs endpoints and a stored job are boxed on their own: inline, their futures
+        // (the store's) would size every job's future.
+        if api::is_jobs_path(req.uri().path()) {
+            let jobs = self.jobs.ok_or(Error::Disabled)?;
+            let requests = self.requests;
+            return Box::pin(async move { api::handle(&jobs, &*requests, req).await }).await;
+        }
+        let prefer = Prefer::of(req.headers());
+        match self.jobs {
+            Some(jobs) if self.deferred(&req, prefer) => {
+                Box::pin(respond_async(jobs, prefer, inner, req)).await
             }
-            let path = req.uri().path();
-            // The jobs endpoints and a stored job are boxed on their own: inline, their
-            // futures (the store's) would size every request's future, queued ones included.
-            if api::is_jobs_path(path) {
-                let jobs = jobs.ok_or(Error::Disabled)?;
-                return Box::pin(async move { api::handle(&jobs, &*requests, req).await }).await;
-            }
-            let prefer = Prefer::of(req.headers());
-            let endpoint = Endpoint::of_path(path);
-            let (Some(jobs), true, true, Some(_)) = (
-                jobs,
-                prefer.respond_async,
-                req.method() == http::Method::POST,
-                endpoint,
-            ) else {
-                return inner.call(req).await;
-            };
-            Box::pin(respond_async(jobs, prefer, inner, req)).await
-        })
+            _ => inner.call(req).await,
+        }
     }
 }
 

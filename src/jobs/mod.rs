@@ -39,7 +39,7 @@ use std::sync::Arc;
 
 use crate::config::JobsConfig;
 pub use error::Error;
-pub use layer::Layer;
+pub use layer::{Deferring, Layer};
 pub use runner::Dispatch;
 use store::Store;
 

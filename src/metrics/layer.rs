@@ -13,12 +13,12 @@
 //! a key, a header value, a prompt or a completion; its one client-chosen string, the model, is
 //! the bounded label of `TenantMetrics::model_label`.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures_util::future::{BoxFuture, Either};
 use http::{Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use tokio::time::Instant;
@@ -28,26 +28,18 @@ use crate::context::Ctx;
 use crate::error::{Error, Limit, Reason};
 use crate::response::{BoxError, ResponseBody};
 
-/// Tower layer of the request-metrics stage.
+/// The request-metrics stage: the generation's metrics registry.
 #[derive(Clone)]
-pub struct Layer(pub Arc<Metrics>);
+pub struct Recording(Arc<Metrics>);
 
-impl<S> tower::Layer<S> for Layer {
-    type Service = Service<S>;
-    fn layer(&self, inner: S) -> Service<S> {
-        Service {
-            metrics: self.0.clone(),
-            inner,
-        }
+impl From<Arc<Metrics>> for Recording {
+    fn from(metrics: Arc<Metrics>) -> Self {
+        Self(metrics)
     }
 }
 
-/// Tower service of the request-metrics stage.
-#[derive(Clone)]
-pub struct Service<S> {
-    metrics: Arc<Metrics>,
-    inner: S,
-}
+/// Tower layer of the request-metrics stage.
+pub type Layer = crate::stage::Layer<Recording>;
 
 /// A dispatched request that waited at least this long in the queue counts as deferred.
 const DEFERRED: Duration = Duration::from_millis(1);
@@ -106,88 +98,106 @@ impl crate::queue::Observer for Metrics {
     }
 }
 
-impl<S, B> tower::Service<Request<B>> for Service<S>
+impl<S, B> crate::stage::Stage<Request<B>, S> for Recording
 where
-    S: tower::Service<Request<B>, Response = Response<ResponseBody>, Error = Error>,
-    S::Future: Send + 'static,
+    S: crate::stage::Below<Request<B>, Response<ResponseBody>, Error>,
+    B: Send + 'static,
 {
-    type Response = Response<ResponseBody>;
-    type Error = Error;
-    type Future = Either<S::Future, BoxFuture<'static, Result<Self::Response, Error>>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
-        self.inner.poll_ready(cx)
+    /// A tenant added by a reload that the metrics registry of this generation does not know:
+    /// served, not counted (the next generation counts it), unboxed.
+    fn pass(&self, req: &Request<B>) -> bool {
+        crate::context::of(req)
+            .and_then(|ctx| Ok(self.0.tenant(&ctx.identity()?.tenant.id).is_none()))
+            .unwrap_or(false)
     }
 
-    fn call(&mut self, req: Request<B>) -> Self::Future {
-        let failed = |e: Error| Either::Right(Box::pin(std::future::ready(Err(e))) as BoxFuture<_>);
-        let ctx = match crate::context::of(&req) {
-            Ok(ctx) => ctx,
-            Err(e) => return failed(e),
+    /// A plain function returning the future, so that the future holds only the record and
+    /// the call below (not `req` nor the service below: a queued request's bytes).
+    fn call(
+        self,
+        req: Request<B>,
+        mut next: S,
+    ) -> impl Future<Output = Result<Response<ResponseBody>, Error>> + Send + 'static {
+        let record = self.record(&req);
+        let called = record.map(|record| (record, next.call(req)));
+        async move {
+            match called? {
+                (Some(record), below) => recorded(record, below.await),
+                (None, below) => below.await,
+            }
+        }
+    }
+}
+
+impl Recording {
+    /// The record of `req`'s tenant (`None`: one this registry does not know, see
+    /// [`Recording::pass`]); the sampler decides once, here: the stages below read it
+    /// (`usage` captures the answer's id and model, `upstream` sends the sampled flag), the
+    /// spans need it.
+    fn record<B>(&self, req: &Request<B>) -> Result<Option<Record>, Error> {
+        let ctx = crate::context::of(req)?;
+        let id = ctx.identity()?;
+        let Some(tenant) = self.0.tenant(&id.tenant.id).cloned() else {
+            return Ok(None);
         };
-        let id = match ctx.identity() {
-            Ok(id) => id,
-            Err(e) => return failed(e),
-        };
-        // A tenant added by a reload that the metrics registry of this generation does not
-        // know: served, not counted (the next generation counts it).
-        let Some(tenant) = self.metrics.tenant(&id.tenant.id).cloned() else {
-            return Either::Left(self.inner.call(req));
-        };
-        let mut record = Record {
+        let record = Record {
             tenant,
-            live: self.metrics.live(&id.tenant.id).cloned(),
+            live: self.0.live(&id.tenant.id).cloned(),
             ctx,
             start: Instant::now(),
-            otel: self.metrics.otel().cloned(),
-            genai: self.metrics.genai().clone(),
+            otel: self.0.otel().cloned(),
+            genai: self.0.genai().clone(),
             method: req.method().clone(),
         };
-        // The sampler decides once, here: the stages below read it (`usage` captures the
-        // answer's id and model, `upstream` sends the sampled flag), the spans need it.
         if let Some(otel) = &record.otel {
             record.ctx.set_recorded(otel.sample(record.ctx.trace()));
         }
-        let fut = self.inner.call(req);
-        Either::Right(Box::pin(async move {
-            let (res, refused, limit) = match fut.await {
-                Ok(res) => {
-                    let refused = (res.status() == StatusCode::TOO_MANY_REQUESTS)
-                        .then_some(Reason::Upstream429);
-                    let limit = Limit::of(res.headers());
-                    (Ok(res), refused, limit)
-                }
-                Err(e) => {
-                    let (refused, limit) = (Some(e.reason()), e.limit());
-                    (Err(e), refused, limit)
-                }
-            };
-            let status = match &res {
-                Ok(r) => r.status(),
-                Err(e) => e.status(),
-            };
-            record.outcome(status, refused);
-            let done = Done {
-                record,
-                first_byte: None,
-                status,
-                limit,
-                refused,
-            };
-            match res {
-                // The log line is written when the body is done.
-                Ok(res) => {
-                    let (head, body) = res.into_parts();
-                    let body = Timed { inner: body, done };
-                    Ok(Response::from_parts(head, ResponseBody::boxed(body)))
-                }
-                // A refusal has no body of its own yet: its line is written now.
-                Err(e) => {
-                    drop(done);
-                    Err(e)
-                }
-            }
-        }))
+        Ok(Some(record))
+    }
+}
+
+/// Counts the outcome `res` of `record`'s request; a response's body is timed and writes the
+/// log line when done, a refusal's line is written now.
+fn recorded(
+    mut record: Record,
+    res: Result<Response<ResponseBody>, Error>,
+) -> Result<Response<ResponseBody>, Error> {
+    let (res, refused, limit) = match res {
+        Ok(res) => {
+            let refused =
+                (res.status() == StatusCode::TOO_MANY_REQUESTS).then_some(Reason::Upstream429);
+            let limit = Limit::of(res.headers());
+            (Ok(res), refused, limit)
+        }
+        Err(e) => {
+            let (refused, limit) = (Some(e.reason()), e.limit());
+            (Err(e), refused, limit)
+        }
+    };
+    let status = match &res {
+        Ok(r) => r.status(),
+        Err(e) => e.status(),
+    };
+    record.outcome(status, refused);
+    let done = Done {
+        record,
+        first_byte: None,
+        status,
+        limit,
+        refused,
+    };
+    match res {
+        // The log line is written when the body is done.
+        Ok(res) => {
+            let (head, body) = res.into_parts();
+            let body = Timed { inner: body, done };
+            Ok(Response::from_parts(head, ResponseBody::boxed(body)))
+        }
+        // A refusal has no body of its own yet: its line is written now.
+        Err(e) => {
+            drop(done);
+            Err(e)
+        }
     }
 }
 

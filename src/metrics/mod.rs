@@ -41,7 +41,7 @@ use metrics_exporter_prometheus::{
 };
 
 pub use fairness::WINDOW_SECS;
-pub use layer::{Layer, Service};
+pub use layer::{Layer, Recording};
 pub use live::SAMPLE_SECS;
 pub use scrape::{Scrape, ScrapeService};
 pub use tenant::{Outcome, TenantMetrics};

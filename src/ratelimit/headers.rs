@@ -12,83 +12,76 @@
 //! one map probe; for a limited tenant any `x-ratelimit-*` header of the provider (its shared
 //! key's budget, not the tenant's) is replaced by the tenant's own.
 
+use std::future::Future;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
-use futures_util::future::{BoxFuture, Either};
 use http::{HeaderName, HeaderValue, Request, Response};
 
 use super::{BucketState, Budget, RateState, RateStore};
 use crate::error::Error;
 use crate::response::ResponseBody;
 
+/// The rate-headers stage: the generation's rate store.
+#[derive(Clone)]
+pub struct Headers(Arc<dyn RateStore>);
+
+impl From<Arc<dyn RateStore>> for Headers {
+    fn from(store: Arc<dyn RateStore>) -> Self {
+        Self(store)
+    }
+}
+
 /// Tower layer of the rate-headers stage.
-#[derive(Clone)]
-pub struct Layer(pub Arc<dyn RateStore>);
+pub type Layer = crate::stage::Layer<Headers>;
 
-impl<S> tower::Layer<S> for Layer {
-    type Service = Service<S>;
-    fn layer(&self, inner: S) -> Service<S> {
-        Service {
-            store: self.0.clone(),
-            inner,
-        }
-    }
-}
-
-/// Tower service of the rate-headers stage; see the module docs.
-#[derive(Clone)]
-pub struct Service<S> {
-    store: Arc<dyn RateStore>,
-    inner: S,
-}
-
-impl<S, B> tower::Service<Request<B>> for Service<S>
+impl<S, B> crate::stage::Stage<Request<B>, S> for Headers
 where
-    S: tower::Service<Request<B>, Response = Response<ResponseBody>, Error = Error>,
-    S::Future: Send + 'static,
+    S: crate::stage::Below<Request<B>, Response<ResponseBody>, Error>,
+    B: Send + 'static,
 {
-    type Response = Response<ResponseBody>;
-    type Error = Error;
-    type Future = Either<S::Future, BoxFuture<'static, Result<Self::Response, Error>>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
-        self.inner.poll_ready(cx)
+    /// A tenant without limits passes on, unboxed: one map probe.
+    fn pass(&self, req: &Request<B>) -> bool {
+        crate::context::of(req)
+            .and_then(|ctx| ctx.identity().map(|id| !self.0.limited(&id.tenant.id)))
+            .unwrap_or(false)
     }
 
-    fn call(&mut self, req: Request<B>) -> Self::Future {
-        let ctx = match crate::context::of(&req) {
-            Ok(ctx) => ctx,
-            Err(e) => return Either::Right(Box::pin(std::future::ready(Err(e)))),
-        };
-        let tenant = match ctx.identity() {
-            Ok(id) if self.store.limited(&id.tenant.id) => id.tenant.id.clone(),
-            Ok(_) => return Either::Left(self.inner.call(req)),
-            Err(e) => return Either::Right(Box::pin(std::future::ready(Err(e)))),
-        };
-        let fut = self.inner.call(req);
-        let store = self.store.clone();
-        Either::Right(Box::pin(async move {
-            let result = fut.await;
-            let state = ctx.rate().unwrap_or_else(|| store.state(&tenant));
+    /// A plain function returning the future, so that the future holds only what it uses
+    /// after the call below (not `req` nor the service below: a queued request's bytes).
+    fn call(
+        self,
+        req: Request<B>,
+        mut next: S,
+    ) -> impl Future<Output = Result<Response<ResponseBody>, Error>> + Send + 'static {
+        let called = crate::context::of(&req)
+            .and_then(|ctx| Ok((ctx.identity()?.tenant.id.clone(), ctx)))
+            .map(|known| (known, next.call(req)));
+        async move {
+            let ((tenant, ctx), below) = called?;
+            let result = below.await;
+            let state = ctx.rate().unwrap_or_else(|| self.0.state(&tenant));
             match result {
                 Ok(mut res) => {
-                    let headers = res.headers_mut();
-                    let theirs: Vec<HeaderName> = headers
-                        .keys()
-                        .filter(|k| k.as_str().starts_with("x-ratelimit-"))
-                        .cloned()
-                        .collect();
-                    for k in theirs {
-                        headers.remove(k);
-                    }
-                    headers.extend(rate_headers(&state));
+                    replace(res.headers_mut(), &state);
                     Ok(res)
                 }
                 Err(e) => Err(e.with_headers(rate_headers(&state))),
             }
-        }))
+        }
     }
+}
+
+/// Replaces the provider's `x-ratelimit-*` headers (its shared key's budget) by the tenant's.
+fn replace(headers: &mut http::HeaderMap, state: &RateState) {
+    let theirs: Vec<HeaderName> = headers
+        .keys()
+        .filter(|k| k.as_str().starts_with("x-ratelimit-"))
+        .cloned()
+        .collect();
+    for k in theirs {
+        headers.remove(k);
+    }
+    headers.extend(rate_headers(state));
 }
 
 /// OpenAI's `x-ratelimit-{limit,remaining,reset}-{requests,tokens}` for the configured buckets,

@@ -260,7 +260,7 @@ impl Rig {
                 max_body_bytes: 1 << 20,
                 budget: s.tenant_bytes.clone(),
             })
-            .layer(route::Layer(s.router.clone()))
+            .layer(route::Layer::new(s.router.clone()))
             .layer(estimate::Layer::new(s.estimator.clone()))
             .layer(admission::Layer::new(s.admission.clone()))
             .layer(usage::Layer(s.estimator.clone()))

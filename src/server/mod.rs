@@ -158,7 +158,7 @@ mod tests {
                     max_body_bytes: 1 << 20,
                     budget: s.tenant_bytes.clone(),
                 })
-                .layer(route::Layer(s.router.clone()))
+                .layer(route::Layer::new(s.router.clone()))
         };
         // Admission above estimation: the estimate it charges is not there yet.
         let misordered = top()

@@ -44,7 +44,7 @@ pub(super) fn scrape(state: &State, on_main: bool) -> metrics::Scrape {
 
 /// The admin API layer of `state`.
 pub(super) fn admin(state: &State) -> admin::Layer {
-    admin::Layer {
+    admin::Layer::new(admin::Admin {
         token: state.admin_token.clone(),
         pool_names: state
             .config
@@ -63,7 +63,7 @@ pub(super) fn admin(state: &State) -> admin::Layer {
             config: state.config.clone(),
             reload: state.reloader.clone(),
         },
-    }
+    })
 }
 
 /// The operations listener's stack: probes, `/metrics`, `/admin/*`, else 404.

@@ -59,10 +59,12 @@ where
         // The tenant's x-ratelimit-* headers, on every outcome of a limited tenant: right below
         // `tenant` so that every refusal of every stage below (413 body, 400, 429, 504) and every
         // upstream answer passes through it.
-        .layer(ratelimit::headers::Layer(state.admission.store.clone()))
+        .layer(ratelimit::headers::Layer::new(
+            state.admission.store.clone(),
+        ))
         // Request metrics and the per-request log line, as soon as the tenant is known: every
         // outcome below (success or refusal, with its reason) is counted under its tenant.
-        .layer(metrics::Layer(state.metrics.clone()))
+        .layer(metrics::Layer::new(state.metrics.clone()))
         // Read the (bounded) body once and parse it once; estimation and routing need it.
         .layer(body::Layer {
             max_body_bytes: state.config.server.max_body_bytes,
@@ -74,12 +76,12 @@ where
         // passes through to every stage below, in its tenant's batch class.
         // Its files and batches calls take a request of the tenant's request bucket, as
         // admission charges a chat request (`JobRequests`: this stage imports no `ratelimit`).
-        .layer(crate::jobs::Layer::new(
+        .layer(crate::jobs::Layer::new(crate::jobs::Deferring::new(
             state.jobs.clone(),
             Arc::new(JobRequests(state.admission.store.clone())),
-        ))
+        )))
         // Pick the upstream pool from the model: the fair queue below is per pool.
-        .layer(route::Layer(state.router.clone()))
+        .layer(route::Layer::new(state.router.clone()))
         // Memory bounded in bytes: as soon as the pool is known (the body is read and parsed),
         // before any counting, the request's bytes are reserved against the pool's and the
         // tenant's `max_queued_bytes`; the reservation lives in the response body.
