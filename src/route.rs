@@ -226,12 +226,18 @@ where
     S: crate::stage::Below<Request<Bytes>, Response<ResponseBody>, crate::Error>,
 {
     /// A routed model (every proxied request) passes on with its route written, unboxed.
-    fn pass(&self, req: &Request<Bytes>) -> bool {
-        match decide(&self.0, req) {
-            Decision::Pass(route) => crate::context::of(req)
-                .map(|ctx| ctx.set_route(route))
-                .is_ok(),
-            _ => false,
+    type Down = Request<Bytes>;
+
+    fn pass(&self, req: Request<Bytes>) -> Result<Request<Bytes>, Request<Bytes>> {
+        match decide(&self.0, &req) {
+            Decision::Pass(route) => match crate::context::of(&req) {
+                Ok(ctx) => {
+                    ctx.set_route(route);
+                    Ok(req)
+                }
+                Err(_) => Err(req),
+            },
+            _ => Err(req),
         }
     }
 

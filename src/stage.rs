@@ -12,6 +12,9 @@
 //! `examples/allocs.rs`: a boxed stage future is one allocation a request). Everything else is
 //! [`Stage::call`], boxed.
 //!
+//! A stage may change the request it passes down ([`Stage::Down`]: `body` takes the
+//! connection's body and passes its bytes).
+//!
 //! [`BoxFuture`] is the one boxed future of the stack.
 
 use std::future::Future;
@@ -24,14 +27,21 @@ use std::task::{Context, Poll};
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
 /// A stage: its decision over one request `R`, given `next`, the service below it (ready:
-/// its `poll_ready` passed). It calls `next` at most once, or answers itself.
-pub trait Stage<R, S: tower::Service<R>>: Clone + Send + 'static {
-    /// The decision that needs no future, made first: `true` passes `req` on as it is to the
-    /// service below, whose future is then the stage's, unboxed; `false` (the default) hands it
-    /// to [`Stage::call`]. It may write the request's context, as any decision does.
-    fn pass(&self, req: &R) -> bool {
-        let _ = req;
-        false
+/// its `poll_ready` passed), which takes the request the stage passes down ([`Stage::Down`]:
+/// `R` itself for every stage but `body`, which reads the body). It calls `next` at most once,
+/// or answers itself.
+pub trait Stage<R, S>: Clone + Send + 'static
+where
+    S: tower::Service<Self::Down>,
+{
+    /// The request the stage passes down.
+    type Down;
+
+    /// The decision that needs no future, made first: `Ok` passes the request on to the
+    /// service below, whose future is then the stage's, unboxed; `Err` (the default) hands it
+    /// back for [`Stage::call`]. It may write the request's context, as any decision does.
+    fn pass(&self, req: R) -> Result<Self::Down, R> {
+        Err(req)
     }
 
     /// Handles `req` (on a clone of the stage: the future owns what it uses).
@@ -91,8 +101,8 @@ pub struct Service<St, S> {
 
 impl<R, St, S> tower::Service<R> for Service<St, S>
 where
-    S: tower::Service<R> + Clone + Send + 'static,
     St: Stage<R, S>,
+    S: tower::Service<St::Down> + Clone + Send + 'static,
 {
     type Response = S::Response;
     type Error = S::Error;
@@ -103,9 +113,10 @@ where
     }
 
     fn call(&mut self, req: R) -> Self::Future {
-        if self.stage.pass(&req) {
-            return Either::Left(self.inner.call(req));
-        }
+        let req = match self.stage.pass(req) {
+            Ok(down) => return Either::Left(self.inner.call(down)),
+            Err(req) => req,
+        };
         // The service polled ready goes to this call; its clone waits for the next one.
         let clone = self.inner.clone();
         let ready = std::mem::replace(&mut self.inner, clone);
@@ -130,8 +141,14 @@ mod tests {
         S: tower::Service<u32, Response = u32, Error = String> + Send + 'static,
         S::Future: Send,
     {
-        fn pass(&self, req: &u32) -> bool {
-            *req == 0
+        type Down = u32;
+
+        fn pass(&self, req: u32) -> Result<u32, u32> {
+            if req == 0 {
+                Ok(req)
+            } else {
+                Err(req)
+            }
         }
 
         async fn call(self, req: u32, mut next: S) -> Result<u32, String> {

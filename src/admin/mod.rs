@@ -250,9 +250,14 @@ where
     B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
     B::Error: Into<crate::response::BoxError>,
 {
+    type Down = Request<B>;
+
     /// Every path not under `/admin/` passes on, unboxed.
-    fn pass(&self, req: &Request<B>) -> bool {
-        !req.uri().path().starts_with("/admin/")
+    fn pass(&self, req: Request<B>) -> Result<Request<B>, Request<B>> {
+        match req.uri().path().starts_with("/admin/") {
+            true => Err(req),
+            false => Ok(req),
+        }
     }
 
     async fn call(self, req: Request<B>, _next: S) -> Res {

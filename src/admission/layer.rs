@@ -166,6 +166,8 @@ impl<S> crate::stage::Stage<Request<Bytes>, S> for Admit
 where
     S: crate::stage::Below<Request<Bytes>, Response<ResponseBody>, Error>,
 {
+    type Down = Request<Bytes>;
+
     async fn call(
         self,
         req: Request<Bytes>,

@@ -19,8 +19,6 @@
 pub mod linger;
 pub mod timeout;
 
-use std::task::{Context, Poll};
-
 use bytes::Bytes;
 use http::{header, Method, Request, Response, StatusCode};
 use http_body::Body;
@@ -28,7 +26,6 @@ use http_body_util::BodyExt;
 
 use crate::error::ApiError;
 use crate::response::{BoxError, ResponseBody};
-use crate::stage::BoxFuture;
 
 pub use crate::context::Parsed;
 
@@ -309,58 +306,36 @@ where
     Ok(buf.freeze())
 }
 
-/// Tower layer of the body stage.
+/// The body stage: the cap and the byte budget it reads against.
 #[derive(Clone)]
-pub struct Layer {
+pub struct Reading {
     /// `[server] max_body_bytes`.
     pub max_body_bytes: usize,
     /// The tenant-wide byte budget (`max_queued_bytes`), reserved before the body is read.
     pub budget: crate::queue::bytes::TenantBudget,
 }
 
-impl<S> tower::Layer<S> for Layer {
-    type Service = Service<S>;
-    fn layer(&self, inner: S) -> Service<S> {
-        Service {
-            max: self.max_body_bytes,
-            budget: self.budget.clone(),
-            inner,
-        }
-    }
-}
+/// Tower layer of the body stage: `Request<B>` in, `Request<Bytes>` to the service below.
+pub type Layer = crate::stage::Layer<Reading>;
 
-/// Tower service of the body stage: `Request<B>` in, `Request<Bytes>` to the inner service.
-#[derive(Clone)]
-pub struct Service<S> {
-    max: usize,
-    budget: crate::queue::bytes::TenantBudget,
-    inner: S,
-}
-
-impl<S, B> tower::Service<Request<B>> for Service<S>
+impl<S, B> crate::stage::Stage<Request<B>, S> for Reading
 where
-    S: tower::Service<Request<Bytes>, Response = Response<ResponseBody>, Error = crate::Error>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send,
+    S: crate::stage::Below<Request<Bytes>, Response<ResponseBody>, crate::Error>,
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
-    type Response = Response<ResponseBody>;
-    type Error = crate::Error;
-    type Future = BoxFuture<Result<Response<ResponseBody>, crate::Error>>;
+    type Down = Request<Bytes>;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), crate::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: Request<B>) -> Self::Future {
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
-        let max = self.max;
-        let budget = self.budget.clone();
-        Box::pin(async move {
+    /// A plain function returning the future, which holds the cap, the budget, the request
+    /// and the service below, nothing twice.
+    fn call(
+        self,
+        req: Request<B>,
+        mut inner: S,
+    ) -> impl std::future::Future<Output = Result<Response<ResponseBody>, crate::Error>> + Send + 'static
+    {
+        let (max, budget) = (self.max_body_bytes, self.budget);
+        async move {
             let ctx = crate::context::of(&req)?;
             let tenant = ctx.identity()?.tenant.clone();
             let (mut parts, body) = req.into_parts();
@@ -396,7 +371,7 @@ where
             let mut res = inner.call(Request::from_parts(parts, bytes)).await?;
             res.body_mut().attach(Box::new(reservation));
             Ok(res)
-        })
+        }
     }
 }
 

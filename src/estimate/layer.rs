@@ -127,6 +127,8 @@ impl<S> crate::stage::Stage<Request<Bytes>, S> for Counting
 where
     S: crate::stage::Below<Request<Bytes>, Response<ResponseBody>, crate::Error>,
 {
+    type Down = Request<Bytes>;
+
     async fn call(
         self,
         mut req: Request<Bytes>,

@@ -75,10 +75,17 @@ where
 {
     /// Every request that is no job, no jobs endpoint and no `respond-async` to store passes
     /// on, unboxed.
-    fn pass(&self, req: &Request<Bytes>) -> bool {
-        req.extensions().get::<JobRun>().is_none()
+    type Down = Request<Bytes>;
+
+    fn pass(&self, req: Request<Bytes>) -> Result<Request<Bytes>, Request<Bytes>> {
+        let passes = req.extensions().get::<JobRun>().is_none()
             && !api::is_jobs_path(req.uri().path())
-            && !self.deferred(req, Prefer::of(req.headers()))
+            && !self.deferred(&req, Prefer::of(req.headers()));
+        if passes {
+            Ok(req)
+        } else {
+            Err(req)
+        }
     }
 
     async fn call(

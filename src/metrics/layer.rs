@@ -103,12 +103,19 @@ where
     S: crate::stage::Below<Request<B>, Response<ResponseBody>, Error>,
     B: Send + 'static,
 {
+    type Down = Request<B>;
+
     /// A tenant added by a reload that the metrics registry of this generation does not know:
     /// served, not counted (the next generation counts it), unboxed.
-    fn pass(&self, req: &Request<B>) -> bool {
-        crate::context::of(req)
+    fn pass(&self, req: Request<B>) -> Result<Request<B>, Request<B>> {
+        let unknown = crate::context::of(&req)
             .and_then(|ctx| Ok(self.0.tenant(&ctx.identity()?.tenant.id).is_none()))
-            .unwrap_or(false)
+            .unwrap_or(false);
+        if unknown {
+            Ok(req)
+        } else {
+            Err(req)
+        }
     }
 
     /// A plain function returning the future, so that the future holds only the record and

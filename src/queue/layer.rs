@@ -73,6 +73,8 @@ impl<S> crate::stage::Stage<Request<Bytes>, S> for Queueing
 where
     S: crate::stage::Below<Request<Bytes>, Response<ResponseBody>, Error>,
 {
+    type Down = Request<Bytes>;
+
     async fn call(
         self,
         req: Request<Bytes>,

@@ -39,11 +39,18 @@ where
     S: crate::stage::Below<Request<B>, Response<ResponseBody>, Error>,
     B: Send + 'static,
 {
+    type Down = Request<B>;
+
     /// A tenant without limits passes on, unboxed: one map probe.
-    fn pass(&self, req: &Request<B>) -> bool {
-        crate::context::of(req)
+    fn pass(&self, req: Request<B>) -> Result<Request<B>, Request<B>> {
+        let unlimited = crate::context::of(&req)
             .and_then(|ctx| ctx.identity().map(|id| !self.0.limited(&id.tenant.id)))
-            .unwrap_or(false)
+            .unwrap_or(false);
+        if unlimited {
+            Ok(req)
+        } else {
+            Err(req)
+        }
     }
 
     /// A plain function returning the future, so that the future holds only what it uses

@@ -256,10 +256,10 @@ impl Rig {
         ServiceBuilder::new()
             .layer(render::Layer)
             .layer(tenant::Layer(s.tenants.clone()))
-            .layer(body::Layer {
+            .layer(body::Layer::new(body::Reading {
                 max_body_bytes: 1 << 20,
                 budget: s.tenant_bytes.clone(),
-            })
+            }))
             .layer(route::Layer::new(s.router.clone()))
             .layer(estimate::Layer::new(s.estimator.clone()))
             .layer(admission::Layer::new(s.admission.clone()))

@@ -154,10 +154,10 @@ mod tests {
             ServiceBuilder::new()
                 .layer(render::Layer)
                 .layer(tenant::Layer(s.tenants.clone()))
-                .layer(body::Layer {
+                .layer(body::Layer::new(body::Reading {
                     max_body_bytes: 1 << 20,
                     budget: s.tenant_bytes.clone(),
-                })
+                }))
                 .layer(route::Layer::new(s.router.clone()))
         };
         // Admission above estimation: the estimate it charges is not there yet.

@@ -66,10 +66,10 @@ where
         // outcome below (success or refusal, with its reason) is counted under its tenant.
         .layer(metrics::Layer::new(state.metrics.clone()))
         // Read the (bounded) body once and parse it once; estimation and routing need it.
-        .layer(body::Layer {
+        .layer(body::Layer::new(body::Reading {
             max_body_bytes: state.config.server.max_body_bytes,
             budget: state.tenant_bytes.clone(),
-        })
+        }))
         // Jobs: the identity is known and the body read and parsed, so a `respond-async`
         // request is stored here as a job (202) before admission could refuse it; the jobs and
         // batches endpoints are answered here; a job re-entering the stack from the runner
