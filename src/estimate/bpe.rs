@@ -10,9 +10,8 @@
 //! Invariants:
 //! - Counts equal `CoreBPE::encode_ordinary(text).len()` (same pre-split pattern, same merges:
 //!   lowest rank first, leftmost on ties; checked against tiktoken-rs in the tests).
-//! - Built once from tiktoken-rs's own o200k data (a temporary `CoreBPE`, built and dropped
-//!   on a thread of its own before the table is built), so the ranks cannot drift from the
-//!   crate's.
+//! - Built once from tiktoken-rs's own o200k data (a temporary `CoreBPE`, dropped when the
+//!   table is built), so the ranks cannot drift from the crate's.
 //! - No allocation per call for pieces under [`SMALL`] bytes (the merge works on the stack).
 
 use std::hash::BuildHasher;
@@ -35,20 +34,6 @@ pub struct Bpe {
     hasher: foldhash::fast::FixedState,
 }
 
-/// Every o200k token's bytes by rank, end to end, and where each ends (see [`Bpe::o200k`]).
-fn o200k_ranks() -> (Box<[u8]>, Box<[u32]>) {
-    let core = tiktoken_rs::o200k_base().expect("bundled encodings always load");
-    let mut bytes = Vec::with_capacity(2 << 20);
-    let mut ends = Vec::with_capacity(200_000);
-    // Ordinary ranks are 0..n without gaps; the first rank that does not decode ends them.
-    while let Ok(token) = core.decode_bytes(&[ends.len() as Rank]) {
-        bytes.extend_from_slice(&token);
-        ends.push(u32::try_from(bytes.len()).expect("token bytes fit in u32"));
-    }
-    drop(core);
-    (bytes.into_boxed_slice(), ends.into_boxed_slice())
-}
-
 impl std::fmt::Debug for Bpe {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Bpe")
@@ -59,19 +44,21 @@ impl std::fmt::Debug for Bpe {
 
 impl Bpe {
     /// The o200k counter (from tiktoken-rs's data).
-    ///
-    /// tiktoken-rs's `CoreBPE` (~38 MiB in some 600,000 small allocations) is built, read and
-    /// dropped on a thread of its own, which then exits: the allocator's pages it filled go with
-    /// that thread's heap, instead of staying resident among the long-lived allocations a
-    /// request path thread makes around them (issue 25: 10,000 tenants' RSS).
     pub fn o200k() -> Self {
-        let (bytes, ends) = std::thread::Builder::new()
-            .name("fairgate-o200k".into())
-            .spawn(o200k_ranks)
-            .expect("spawn the o200k loader")
-            .join()
-            .expect("the bundled o200k encoding loads");
-        Self::new(tiktoken_rs::O200K_BASE_PAT_STR, bytes, ends)
+        let core = tiktoken_rs::o200k_base().expect("bundled encodings always load");
+        let mut bytes = Vec::with_capacity(2 << 20);
+        let mut ends = Vec::with_capacity(200_000);
+        // Ordinary ranks are 0..n without gaps; the first rank that does not decode ends them.
+        while let Ok(token) = core.decode_bytes(&[ends.len() as Rank]) {
+            bytes.extend_from_slice(&token);
+            ends.push(u32::try_from(bytes.len()).expect("token bytes fit in u32"));
+        }
+        drop(core);
+        Self::new(
+            tiktoken_rs::O200K_BASE_PAT_STR,
+            bytes.into_boxed_slice(),
+            ends.into_boxed_slice(),
+        )
     }
 
     fn new(pattern: &str, bytes: Box<[u8]>, ends: Box<[u32]>) -> Self {
