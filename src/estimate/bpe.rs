@@ -10,8 +10,8 @@
 //! Invariants:
 //! - Counts equal `CoreBPE::encode_ordinary(text).len()` (same pre-split pattern, same merges:
 //!   lowest rank first, leftmost on ties; checked against tiktoken-rs in the tests).
-//! - Built once from tiktoken-rs's own o200k data (a temporary `CoreBPE`, dropped when the
-//!   table is built), so the ranks cannot drift from the crate's.
+//! - Built once from the o200k ranks bundled in the binary ([`O200K_RANKS`], written from
+//!   tiktoken-rs's own data; a test checks they are still the crate's rank for rank).
 //! - No allocation per call for pieces under [`SMALL`] bytes (the merge works on the stack).
 
 use std::hash::BuildHasher;
@@ -34,6 +34,46 @@ pub struct Bpe {
     hasher: foldhash::fast::FixedState,
 }
 
+/// tiktoken-rs's o200k ranks (its `o200k_base.tiktoken`), as [`encode_ranks`] writes them:
+/// zstd of each token's length (one byte) and bytes, by rank. About 1 MiB instead of the 3.6 MiB
+/// base64 text tiktoken-rs parses (every page of which became resident on first use, and whose
+/// `CoreBPE`, built only to read it back, peaked at ~40 MiB). `bpe::tests` checks it against
+/// tiktoken-rs's own ranks; `cargo test --lib -- --ignored write_o200k_ranks` rewrites it.
+pub const O200K_RANKS: &[u8] = include_bytes!("bpe/o200k.ranks.zst");
+
+/// Every token's bytes by rank, end to end, and where each ends in them.
+type Ranks = (Box<[u8]>, Box<[u32]>);
+
+/// The [`Ranks`] of [`encode_ranks`]'s form; `None` if it is not that.
+fn decode_ranks(zst: &[u8]) -> Option<Ranks> {
+    let raw = zstd::stream::decode_all(zst).ok()?;
+    let mut bytes = Vec::with_capacity(raw.len());
+    let mut ends = Vec::with_capacity(200_000);
+    let mut at = 0;
+    while at < raw.len() {
+        let len = usize::from(raw[at]);
+        let token = raw.get(at + 1..at + 1 + len)?;
+        if token.is_empty() {
+            return None;
+        }
+        bytes.extend_from_slice(token);
+        ends.push(u32::try_from(bytes.len()).ok()?);
+        at += 1 + len;
+    }
+    Some((bytes.into_boxed_slice(), ends.into_boxed_slice()))
+}
+
+/// The bundled form of `ranks` (each token's bytes, by rank): see [`O200K_RANKS`].
+#[cfg(test)]
+fn encode_ranks(ranks: &[Vec<u8>]) -> Vec<u8> {
+    let mut raw = Vec::new();
+    for token in ranks {
+        raw.push(u8::try_from(token.len()).expect("a token is at most 255 bytes"));
+        raw.extend_from_slice(token);
+    }
+    zstd::stream::encode_all(&raw[..], 19).expect("zstd compresses in memory")
+}
+
 impl std::fmt::Debug for Bpe {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Bpe")
@@ -43,22 +83,10 @@ impl std::fmt::Debug for Bpe {
 }
 
 impl Bpe {
-    /// The o200k counter (from tiktoken-rs's data).
+    /// The o200k counter, from the ranks bundled in the binary ([`O200K_RANKS`]).
     pub fn o200k() -> Self {
-        let core = tiktoken_rs::o200k_base().expect("bundled encodings always load");
-        let mut bytes = Vec::with_capacity(2 << 20);
-        let mut ends = Vec::with_capacity(200_000);
-        // Ordinary ranks are 0..n without gaps; the first rank that does not decode ends them.
-        while let Ok(token) = core.decode_bytes(&[ends.len() as Rank]) {
-            bytes.extend_from_slice(&token);
-            ends.push(u32::try_from(bytes.len()).expect("token bytes fit in u32"));
-        }
-        drop(core);
-        Self::new(
-            tiktoken_rs::O200K_BASE_PAT_STR,
-            bytes.into_boxed_slice(),
-            ends.into_boxed_slice(),
-        )
+        let (bytes, ends) = decode_ranks(O200K_RANKS).expect("the bundled o200k ranks decode");
+        Self::new(tiktoken_rs::O200K_BASE_PAT_STR, bytes, ends)
     }
 
     fn new(pattern: &str, bytes: Box<[u8]>, ends: Box<[u32]>) -> Self {

@@ -110,3 +110,43 @@ proptest! {
         prop_assert_eq!(BPE.count(&text), tiktoken(&text));
     }
 }
+
+/// tiktoken-rs's o200k ranks: every ordinary token's bytes, by rank.
+fn tiktoken_ranks() -> Vec<Vec<u8>> {
+    let core = tiktoken_rs::o200k_base_singleton();
+    let mut ranks = Vec::new();
+    // Ordinary ranks are 0..n without gaps; the first rank that does not decode ends them.
+    while let Ok(token) = core.decode_bytes(&[ranks.len() as Rank]) {
+        ranks.push(token);
+    }
+    ranks
+}
+
+#[test]
+fn the_bundled_ranks_are_tiktokens() {
+    let ranks = tiktoken_ranks();
+    let (bytes, ends) = decode_ranks(O200K_RANKS).unwrap();
+    assert_eq!(ends.len(), ranks.len(), "token count");
+    let mut start = 0;
+    for (rank, token) in ranks.iter().enumerate() {
+        let end = ends[rank] as usize;
+        assert_eq!(&bytes[start..end], &token[..], "rank {rank}");
+        start = end;
+    }
+    assert_eq!(start, bytes.len());
+    // The round trip of the bundled form.
+    let (b2, e2) = decode_ranks(&encode_ranks(&ranks)).unwrap();
+    assert_eq!((b2, e2), (bytes, ends));
+    assert!(decode_ranks(b"not zstd").is_none());
+}
+
+/// Rewrites `o200k.ranks.zst` from tiktoken-rs (after a tiktoken-rs upgrade changed the ranks).
+#[test]
+#[ignore = "writes src/estimate/bpe/o200k.ranks.zst"]
+fn write_o200k_ranks() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/src/estimate/bpe/o200k.ranks.zst"
+    );
+    std::fs::write(path, encode_ranks(&tiktoken_ranks())).unwrap();
+}
