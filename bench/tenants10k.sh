@@ -38,6 +38,9 @@ for _ in $(seq 200); do
   sleep 0.1
 done
 rss() { awk '/VmRSS/ {print int($2 / 1024)}' /proc/$FG/status; }
+# Of VmRSS, anonymous memory (the heap) and file-backed pages (the binary's code and data, which
+# the kernel reclaims first), MiB.
+split() { awk '/RssAnon/ {a = int($2 / 1024)} /RssFile/ {f = int($2 / 1024)} END {printf "anon %d, file %d", a, f}' /proc/$FG/status; }
 BEFORE=$(rss)
 python3 - "$FPORT" "$N" <<'PY'
 import http.client, sys, threading, collections
@@ -62,6 +65,7 @@ for t in ts: t.join()
 print("answers:", dict(statuses))
 PY
 AFTER=$(rss)
+AFTER_SPLIT=$(split)
 for _ in $(seq "${SCRAPES:-5}"); do
   curl -s -o "$DIR/metrics" -w 'scrape /metrics: %{time_total} s, %{size_download} bytes\n' \
     "http://127.0.0.1:$FPORT/metrics"
@@ -78,4 +82,4 @@ curl -s -o /dev/null -H 'authorization: Bearer bench' \
   "http://127.0.0.1:$FPORT/admin/state?top=50&q=t0999"
 READ=$(rss)
 sleep 3
-echo "tenants: $N; VmRSS before the load $BEFORE MiB; right after the load $AFTER MiB; after ${SCRAPES:-5} scrapes $SCRAPED MiB; after the /admin/state reads $READ MiB; 3 s later $(rss) MiB"
+echo "tenants: $N; VmRSS before the load $BEFORE MiB; right after the load $AFTER MiB ($AFTER_SPLIT); after ${SCRAPES:-5} scrapes $SCRAPED MiB; after the /admin/state reads $READ MiB; 3 s later $(rss) MiB"
