@@ -64,6 +64,10 @@ struct Walk<'a, 't, F> {
     texts: u8,
     text_at: (usize, usize, bool),
     null_usage: Option<usize>,
+    /// How many usage objects were met on their paths (at most 2 counted), and where the last
+    /// one read begins and ends.
+    usages: u8,
+    usage_at: Option<(usize, usize)>,
     text: &'t mut F,
 }
 
@@ -79,6 +83,8 @@ impl<'a, 't, F: FnMut(&[u8], bool)> Walk<'a, 't, F> {
             texts: 0,
             text_at: (0, 0, false),
             null_usage: None,
+            usages: 0,
+            usage_at: None,
             text,
         }
     }
@@ -171,13 +177,20 @@ impl<'a, 't, F: FnMut(&[u8], bool)> Walk<'a, 't, F> {
                 self.text_at = (s, e, escaped);
                 (self.text)(&self.b[s..e], escaped);
             }
-            (Role::Usage(p), b'{') => match usage(&self.b[self.i..]) {
-                Ok((u, len)) => {
-                    self.usage[usize::from(p)] = Some(u);
-                    self.i += len;
+            (Role::Usage(p), b'{') => {
+                self.usages = self.usages.saturating_add(1).min(2);
+                match usage(&self.b[self.i..]) {
+                    Ok((u, len)) => {
+                        self.usage[usize::from(p)] = Some(u);
+                        self.usage_at = Some((self.i, self.i + len));
+                        self.i += len;
+                    }
+                    Err(()) => {
+                        self.usage_at = None;
+                        self.skip()?;
+                    }
                 }
-                Err(()) => self.skip()?,
-            },
+            }
             (r, b'{') if r.walked() => self.object(r)?,
             (r, b'[') if r.walked() => self.array(r)?,
             _ => self.skip()?,

@@ -11,7 +11,10 @@
 //!   and what its skim found. An event that begins with the shape's bytes up to the text's
 //!   opening quote, ends with its bytes from the closing quote, and holds neither `"` nor `\`
 //!   between them, is that event with another text: its skim finds the same, and the text is
-//!   the bytes between.
+//!   the bytes between. A shape whose event held one usage object after its text (a provider
+//!   that reports usage on every chunk) keeps a hole there: the bytes before the hole must
+//!   match, the usage object in it is read as the walk reads it (`flat`, else serde), and the
+//!   bytes after it must match too.
 //!
 //! Invariants:
 //! - Exact: [`skim_after`] with any memo finds what [`skim`](super::skim) finds alone and hands
@@ -31,10 +34,13 @@ pub struct Memo(pub(super) Option<Box<Kept>>);
 #[derive(Debug, Default)]
 pub(super) struct Kept {
     pub(super) prefix: Vec<u8>,
-    /// The shape's bytes before its text (through the opening quote) and after it (from the
-    /// closing quote), `head` of them before.
+    /// The shape's bytes before its text (through the opening quote), `head` of them, then
+    /// those after it (from the closing quote).
     pub(super) shape: Vec<u8>,
     pub(super) head: usize,
+    /// A shape with a usage object after its text: how many of the bytes after the text come
+    /// before that object (the rest follow it); the object itself is read anew in each event.
+    hole: Option<usize>,
     /// What the shape's event held, and its length.
     found: Skim,
     len: usize,
@@ -43,6 +49,40 @@ pub(super) struct Kept {
 /// Longest prefix, and longest part of a shape, kept.
 const MAX_KEPT: usize = 1024;
 
+/// What `json` holds when it is in `kept`'s shape (its text handed to `text`), else `None`.
+fn in_shape(json: &[u8], kept: &Kept, text: &mut impl FnMut(&[u8], bool)) -> Option<Skim> {
+    let (head, after) = kept.shape.split_at(kept.head);
+    if kept.shape.is_empty() || !json.starts_with(head) {
+        return None;
+    }
+    // The text's end, as the walk finds it: the first quote or backslash.
+    let close = head.len() + memchr2(b'"', b'\\', &json[head.len()..])?;
+    if json[close] != b'"' {
+        return None;
+    }
+    let rest = &json[close..];
+    let mut found = kept.found;
+    match kept.hole {
+        None if rest == after => {
+            // A null usage after the text moves with the text's end.
+            if let Some(at) = found.null_usage.filter(|&at| at >= kept.head) {
+                found.null_usage = Some(at + json.len() - kept.len);
+            }
+        }
+        Some(mid) if rest.starts_with(&after[..mid]) => {
+            let at = close + mid;
+            let (usage, len) = super::usage(&json[at..]).ok()?;
+            if json[at + len..] != after[mid..] {
+                return None;
+            }
+            found.usage = Some(usage);
+        }
+        _ => return None,
+    }
+    text(&json[head.len()..close], false);
+    Some(found)
+}
+
 /// [`skim`](super::skim) of the next event of a stream whose earlier events left `memo`.
 pub fn skim_after(
     json: &[u8],
@@ -50,19 +90,8 @@ pub fn skim_after(
     text: &mut impl FnMut(&[u8], bool),
 ) -> Option<Skim> {
     let kept = memo.0.get_or_insert_with(Box::default);
-    if !kept.shape.is_empty() && json.len() >= kept.shape.len() {
-        let (head, tail) = kept.shape.split_at(kept.head);
-        let between = &json[head.len()..json.len() - tail.len()];
-        if json.starts_with(head) && json.ends_with(tail) && memchr2(b'"', b'\\', between).is_none()
-        {
-            text(between, false);
-            let mut found = kept.found;
-            // A null usage after the text moves with the text's end.
-            if let Some(at) = found.null_usage.filter(|&at| at >= kept.head) {
-                found.null_usage = Some(at + json.len() - kept.len);
-            }
-            return Some(found);
-        }
+    if let Some(found) = in_shape(json, kept, text) {
+        return Some(found);
     }
     let mut w = Walk::new(json, text);
     let known = !kept.prefix.is_empty() && json.starts_with(&kept.prefix);
@@ -82,13 +111,24 @@ pub fn skim_after(
         kept.prefix.extend_from_slice(&json[..cut]);
     }
     let (s, e, escaped) = w.text_at;
-    if w.texts == 1 && !escaped && s <= MAX_KEPT && json.len() - e <= MAX_KEPT {
-        kept.shape.clear();
-        kept.shape.extend_from_slice(&json[..s]);
-        kept.shape.extend_from_slice(&json[e..]);
-        kept.head = s;
-        kept.found = found;
-        kept.len = json.len();
+    if w.texts == 1 && !escaped && s <= MAX_KEPT {
+        let hole = w
+            .usage_at
+            .filter(|&(at, _)| w.usages == 1 && at > e && found.null_usage.is_none());
+        let (mid, rest) = match hole {
+            Some((at, end)) => (at - e, end),
+            None => (json.len() - e, json.len()),
+        };
+        if mid <= MAX_KEPT && json.len() - rest <= MAX_KEPT {
+            kept.shape.clear();
+            kept.shape.extend_from_slice(&json[..s]);
+            kept.shape.extend_from_slice(&json[e..e + mid]);
+            kept.shape.extend_from_slice(&json[rest..]);
+            kept.head = s;
+            kept.hole = hole.map(|_| mid);
+            kept.found = found;
+            kept.len = json.len();
+        }
     }
     Some(found)
 }
