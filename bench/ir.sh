@@ -23,7 +23,7 @@ trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; [ -n "${KEE
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 run() {
-    local bin=$1 tag=$2 mport fport out mock fg
+    local bin=$1 tag=$2 mport fport out mock fg i
     mport=$(port); fport=$(port)
     "${MOCK_BIN:-$bin}" mock-upstream --listen "127.0.0.1:$mport" >/dev/null 2>&1 &
     mock=$!; PIDS+=("$mock")

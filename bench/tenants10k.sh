@@ -2,7 +2,9 @@
 # Observability at 10,000 tenants (issue 16, point 5): generates a config of N tenants (half on a
 # plan, half without), sends one request per tenant against the bundled mock, then scrapes
 # /metrics (lines, bytes, time of each of 5 scrapes), reads /admin/state?top=50 (bytes, time)
-# and fairgate's VmRSS before and after the load.
+# and fairgate's VmRSS before and after the load (right after it, split into anonymous and
+# file-backed pages, and 2 s later, once freed pages are handed back), after the scrapes and
+# after the reads.
 #
 #   bench/tenants10k.sh [BIN] [N] [EXTRA_METRICS_TOML]
 #
@@ -66,6 +68,9 @@ print("answers:", dict(statuses))
 PY
 AFTER=$(rss)
 AFTER_SPLIT=$(split)
+# Settled: memory.rs hands freed pages back once a second.
+sleep 2
+SETTLED=$(rss)
 for _ in $(seq "${SCRAPES:-5}"); do
   curl -s -o "$DIR/metrics" -w 'scrape /metrics: %{time_total} s, %{size_download} bytes\n' \
     "http://127.0.0.1:$FPORT/metrics"
@@ -82,4 +87,4 @@ curl -s -o /dev/null -H 'authorization: Bearer bench' \
   "http://127.0.0.1:$FPORT/admin/state?top=50&q=t0999"
 READ=$(rss)
 sleep 3
-echo "tenants: $N; VmRSS before the load $BEFORE MiB; right after the load $AFTER MiB ($AFTER_SPLIT); after ${SCRAPES:-5} scrapes $SCRAPED MiB; after the /admin/state reads $READ MiB; 3 s later $(rss) MiB"
+echo "tenants: $N; VmRSS before the load $BEFORE MiB; right after the load $AFTER MiB ($AFTER_SPLIT); 2 s later $SETTLED MiB; after ${SCRAPES:-5} scrapes $SCRAPED MiB; after the /admin/state reads $READ MiB; 3 s later $(rss) MiB"
