@@ -306,7 +306,7 @@ impl Drop for Done {
             request_id,
             trace_id,
             tenant,
-            model,
+            model = model.as_deref(),
             endpoint = endpoint.as_ref().map(|e| &*e.name),
             status = self.status.as_u16(),
             estimated_tokens = estimated,

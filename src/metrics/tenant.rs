@@ -444,16 +444,17 @@ impl TenantMetrics {
 
     /// The name `model` is shown under, in its label and in the request log line: cut to
     /// [`MAX_LABEL`] bytes, or `other` once the tenant has [`MAX_MODELS`] others (registers it).
-    pub fn model_label(&self, model: &str) -> String {
+    pub fn model_label(&self, model: &str) -> std::borrow::Cow<'_, str> {
         let first = self
             .first_model
             .get_or_init(|| (cut(model).to_owned(), ModelCounts::default()));
         if first.0 == cut(model) {
-            return first.0.clone();
+            // The tenant's first model (nearly every request): borrowed, not copied.
+            return std::borrow::Cow::Borrowed(&first.0);
         }
         let mut models = lock(&self.models);
         let i = self.model_index(&mut models, model);
-        models[i].0.clone()
+        std::borrow::Cow::Owned(models[i].0.clone())
     }
 }
 
