@@ -305,11 +305,6 @@ impl tower::Service<Request<Bytes>> for Service {
             // Picked from a reloaded endpoint list this (older) stack does not have.
             return fail(Error::Unavailable(upstream.name.clone()).into());
         };
-        let label = if upstream.endpoints.len() == 1 {
-            upstream.name.clone()
-        } else {
-            format!("{} ({})", upstream.name, endpoint.name)
-        };
         let (mut parts, mut body) = req.into_parts();
         let uri = match endpoint.target(&parts.uri) {
             Ok(uri) => uri,
@@ -353,19 +348,28 @@ impl tower::Service<Request<Bytes>> for Service {
         *out.headers_mut() = parts.headers;
         let fut = endpoint.lane().client.request(out);
         let (first_byte, idle) = (endpoint.first_byte_timeout, endpoint.idle_timeout);
-        let endpoint_name = endpoint.name.clone();
         Box::pin(async move {
+            // Named only when the attempt fails (a pool of one: its name; else with the endpoint's).
+            let label = || {
+                let endpoint = &upstream.endpoints[index];
+                if upstream.endpoints.len() == 1 {
+                    upstream.name.clone()
+                } else {
+                    format!("{} ({})", upstream.name, endpoint.name)
+                }
+            };
             let res = match tokio::time::timeout(first_byte, fut).await {
                 Err(_) => {
-                    return Err(Error::Timeout(label, first_byte).into());
+                    return Err(Error::Timeout(label(), first_byte).into());
                 }
                 Ok(Err(e)) => {
                     tracing::warn!(
                         upstream = %upstream.name,
-                        endpoint = %endpoint_name,
+                        endpoint = %upstream.endpoints[index].name,
                         error = %e,
                         "upstream request failed"
                     );
+                    let label = label();
                     return Err(if let Some(why) = tls_failure(&e) {
                         Error::Tls(label, why).into()
                     } else if crate::fdlimit::caused_by_exhaustion(&e) {
