@@ -44,27 +44,6 @@ BENCH_NAME=rig
 # shellcheck source=bench/lib.sh
 . "$ROOT/bench/lib.sh"
 
-# The static answers, under $WORK/root/<answer>/v1/chat/completions.
-write_answers() {
-    local d="$WORK/root" id='"id":"chatcmpl-bench","object":"chat.completion.chunk","created":1700000000,"model":"gpt-4o-mini","system_fingerprint":"fp_bench"'
-    mkdir -p "$d/json/v1/chat" "$d/sse/v1/chat" "$d/sse-every/v1/chat"
-    printf '%s' '{"id":"chatcmpl-bench","object":"chat.completion","created":1700000000,"model":"gpt-4o-mini","choices":[{"index":0,"message":{"role":"assistant","content":"Hello! This is the benchmark rig'"'"'s fixed answer, about twenty tokens long."},"logprobs":null,"finish_reason":"stop"}],"usage":{"prompt_tokens":300,"completion_tokens":18,"total_tokens":318}}' \
-        >"$d/json/v1/chat/completions"
-    awk -v id="$id" 'BEGIN {
-        for (i = 0; i < 200; i++)
-            printf "data: {%s,\"choices\":[{\"index\":0,\"delta\":{\"content\":\" word%d\"},\"logprobs\":null,\"finish_reason\":null}],\"usage\":null}\n\n", id, i
-        printf "data: {%s,\"choices\":[{\"index\":0,\"delta\":{},\"logprobs\":null,\"finish_reason\":\"length\"}],\"usage\":null}\n\n", id
-        printf "data: {%s,\"choices\":[],\"usage\":{\"prompt_tokens\":300,\"completion_tokens\":400,\"total_tokens\":700}}\n\n", id
-        printf "data: [DONE]\n\n"
-    }' >"$d/sse/v1/chat/completions"
-    awk -v id="$id" 'BEGIN {
-        for (i = 0; i < 200; i++)
-            printf "data: {%s,\"choices\":[{\"index\":0,\"delta\":{\"content\":\" word%d\"},\"logprobs\":null,\"finish_reason\":null}],\"usage\":{\"prompt_tokens\":300,\"completion_tokens\":%d,\"total_tokens\":%d}}\n\n", id, i, 2 * i + 2, 302 + 2 * i
-        printf "data: {%s,\"choices\":[{\"index\":0,\"delta\":{},\"logprobs\":null,\"finish_reason\":\"length\"}],\"usage\":{\"prompt_tokens\":300,\"completion_tokens\":400,\"total_tokens\":700}}\n\n", id
-        printf "data: [DONE]\n\n"
-    }' >"$d/sse-every/v1/chat/completions"
-}
-
 # wrk against URL $2 with bodies $3, stream $4, measuring the CPU of pid $5; prints
 # "name rps p50 p99 cpu_us errors".
 measure() {
