@@ -75,7 +75,7 @@ pub enum Error {
     #[error("the tenant store is unavailable, nothing was changed: {0}")]
     Unavailable(String),
     /// `[admin] max_queued_writes` admin writes are waiting already.
-    #[error("too many admin writes are waiting ([admin] max_queued_writes); nothing was changed: retry after {}", crate::error::secs(.0 .0))]
+    #[error("too many admin writes are waiting ([admin] max_queued_writes); nothing was changed: retry in {} s", crate::error::secs(.0 .0))]
     Busy(control::Busy),
 }
 
