@@ -34,17 +34,18 @@ pub struct Bpe {
     hasher: foldhash::fast::FixedState,
 }
 
-/// tiktoken-rs's o200k ranks (its `o200k_base.tiktoken`), as [`encode_ranks`] writes them:
-/// zstd of each token's length (one byte) and bytes, by rank. About 1 MiB instead of the 3.6 MiB
-/// base64 text tiktoken-rs parses (every page of which became resident on first use, and whose
-/// `CoreBPE`, built only to read it back, peaked at ~40 MiB). `bpe::tests` checks it against
-/// tiktoken-rs's own ranks; `cargo test --lib -- --ignored write_o200k_ranks` rewrites it.
+/// tiktoken-rs's o200k ranks (its `o200k_base.tiktoken`), as `encode_ranks` (in the tests)
+/// writes them: zstd of each token's length (one byte) and bytes, by rank. 856 KiB instead
+/// of the 3.6 MiB base64 text tiktoken-rs parses (every page of which became resident on first
+/// use, and whose `CoreBPE`, built only to read it back, peaked at ~40 MiB). `bpe::tests` checks
+/// it against tiktoken-rs's own ranks; `cargo test --lib -- --ignored write_o200k_ranks`
+/// rewrites it.
 pub const O200K_RANKS: &[u8] = include_bytes!("bpe/o200k.ranks.zst");
 
 /// Every token's bytes by rank, end to end, and where each ends in them.
 type Ranks = (Box<[u8]>, Box<[u32]>);
 
-/// The [`Ranks`] of [`encode_ranks`]'s form; `None` if it is not that.
+/// The [`Ranks`] of `encode_ranks`'s form; `None` if it is not that.
 fn decode_ranks(zst: &[u8]) -> Option<Ranks> {
     let raw = zstd::stream::decode_all(zst).ok()?;
     let mut bytes = Vec::with_capacity(raw.len());
